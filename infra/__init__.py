@@ -1,0 +1,1 @@
+"""tfcluster control plane: config, providers, the remote layer. Never imports click."""

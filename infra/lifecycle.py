@@ -1,0 +1,166 @@
+"""Plans and carries out up / stop / start / down with any provider.
+
+A plan is computed from what the provider reports now (labels on GCE are
+the truth), so it is always safe to run again: a second ``up`` finds every
+node running and does nothing; ``up`` after a Ctrl-C finds what the first
+one created. ``--dry-run`` prints the plan and stops before ``apply_*``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from infra.config import ClusterConfig
+from infra.errors import ProviderError, StateError
+from infra.providers.base import Node, NodeProvider, NodeState
+
+log = logging.getLogger("tfcluster")
+
+
+@dataclass(frozen=True)
+class UpPlan:
+    create: list[str]  # declared nodes that do not exist
+    start: list[str]  # exist but stopped (or stopping)
+    wait: list[str]  # on their way up already (pending)
+    reuse: list[str]  # running: nothing to do
+    shared: list[str] = field(default_factory=list)  # firewall rules, keys: ensured
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.create or self.start or self.wait)
+
+    def lines(self) -> list[str]:
+        out = [f"create  {name}" for name in self.create]
+        out += [f"start   {name}" for name in self.start]
+        out += [f"wait    {name} (already starting)" for name in self.wait]
+        out += [f"keep    {name} (running)" for name in self.reuse]
+        out += [f"ensure  {what}" for what in self.shared]
+        return out
+
+
+@dataclass(frozen=True)
+class DownPlan:
+    delete: list[str]  # every node of the cluster, declared or not
+    shared: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"delete  {name}" for name in self.delete]
+        out += [f"delete  {what}" for what in self.shared]
+        return out
+
+
+def plan_up(config: ClusterConfig, existing: Sequence[Node], shared: Sequence[str]) -> UpPlan:
+    by_name = {node.name: node for node in existing}
+    create, start, wait, reuse = [], [], [], []
+    for name in config.nodes:
+        node = by_name.get(name)
+        if node is None:
+            create.append(name)
+        elif node.state in (NodeState.STOPPED, NodeState.STOPPING):
+            start.append(name)
+        elif node.state is NodeState.PENDING:
+            wait.append(name)
+        else:
+            reuse.append(name)
+    return UpPlan(create, start, wait, reuse, list(shared))
+
+
+def plan_down(existing: Sequence[Node], shared: Sequence[str]) -> DownPlan:
+    # Every node with the cluster's label goes, also ones no longer declared:
+    # `down` promises that nothing is left to pay for.
+    return DownPlan(sorted(node.name for node in existing), list(shared))
+
+
+def apply_up(provider: NodeProvider, plan: UpPlan, *, timeout: float = 900.0) -> list[Node]:
+    """Carry out ``plan``; return the declared nodes, all running."""
+    provider.prepare()
+    if plan.create:
+        log.info("creating %s", ", ".join(plan.create))
+        provider.create_nodes(plan.create)
+    if plan.start:
+        log.info("starting %s", ", ".join(plan.start))
+        provider.start_nodes(plan.start)
+    return wait_running(provider, provider.config.nodes, timeout=timeout)
+
+
+def wait_running(provider: NodeProvider, names: Sequence[str], *, timeout: float) -> list[Node]:
+    """Poll until every named node is running with its addresses known."""
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while True:
+        nodes = {n.name: n for n in provider.non_terminated_nodes()}
+        missing = [name for name in names if name not in nodes]
+        if missing:
+            raise ProviderError(
+                f"{', '.join(missing)} disappeared while starting the cluster "
+                "(deleted or preempted); run `deploy.py up` again"
+            )
+        not_ready = [
+            name
+            for name in names
+            if nodes[name].state is not NodeState.RUNNING or not nodes[name].internal_ip
+        ]
+        if not not_ready:
+            return [nodes[name] for name in names]
+        if time.monotonic() > deadline:
+            states = ", ".join(f"{n}={nodes[n].status}" for n in not_ready)
+            raise ProviderError(
+                f"nodes not running after {timeout:.0f} s: {states}; "
+                "check `deploy.py status` and run `deploy.py up` again"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
+
+
+def apply_stop(provider: NodeProvider, existing: Sequence[Node]) -> list[str]:
+    """Stop the running nodes; returns their names (empty: nothing to do)."""
+    if not provider.can_stop():
+        raise StateError(
+            f"provider {provider.kind} cannot stop its nodes (they are not ours to stop)"
+        )
+    names = [n.name for n in existing if n.state in (NodeState.RUNNING, NodeState.PENDING)]
+    if names:
+        provider.stop_nodes(names)
+    return names
+
+
+def apply_start(provider: NodeProvider, existing: Sequence[Node]) -> list[Node]:
+    """Start the stopped nodes; return every declared node, running, with
+    its (new) addresses."""
+    if not provider.can_stop():
+        raise StateError(f"provider {provider.kind} has no stopped nodes to start")
+    by_name = {n.name: n for n in existing}
+    missing = [name for name in provider.config.nodes if name not in by_name]
+    if missing:
+        raise StateError(
+            f"{', '.join(missing)} does not exist; `deploy.py up` creates it, "
+            "`start` only starts stopped nodes"
+        )
+    names = [n.name for n in existing if n.state in (NodeState.STOPPED, NodeState.STOPPING)]
+    if names:
+        provider.start_nodes(names)
+    return wait_running(provider, provider.config.nodes, timeout=900.0)
+
+
+def apply_down(provider: NodeProvider, plan: DownPlan) -> None:
+    if plan.delete:
+        provider.terminate_nodes(plan.delete)
+    provider.release()
+
+
+def require_running(config: ClusterConfig, existing: Sequence[Node], names: Sequence[str]) -> None:
+    """A one-line StateError unless every named node is running."""
+    by_name = {n.name: n for n in existing}
+    problems = []
+    for name in names:
+        node = by_name.get(name)
+        if node is None:
+            problems.append(f"{name} does not exist")
+        elif node.state is not NodeState.RUNNING:
+            problems.append(f"{name} is {node.state.value}")
+    if problems:
+        fix = "deploy.py up" if config.provider != "ssh" else "check the hosts, then deploy.py up"
+        raise StateError(f"{'; '.join(problems)}: run `{fix}` first")

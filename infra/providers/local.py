@@ -1,0 +1,168 @@
+"""Provider ``local``: the roles as processes on this machine.
+
+The embedded default, so a new user runs the whole product with no cloud.
+Each node is a folder under the cluster's state folder that plays the
+login's home; the tasks run this checkout's ``trainer`` with this Python,
+listen on free loopback ports, and are started, watched and stopped by the
+very shell commands a VM gets (through ``LocalTransport``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from infra import commands
+from infra.errors import RemoteError
+from infra.providers.base import Node, NodeProvider, NodeState
+from infra.transport import CommandResult, NodeLayout, Transport
+
+# The checkout that holds trainer/: what the local tasks import.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class LocalTransport(Transport):
+    """Runs commands with bash on this machine, in each node's folder."""
+
+    def __init__(self, nodes: Sequence[str], homes: Path) -> None:
+        super().__init__(nodes)
+        self.homes = homes
+
+    def home(self, node: str) -> Path:
+        home = self.homes / node
+        if not home.is_dir():
+            raise RemoteError(f"{node}: local node folder {home} is missing; run `deploy.py up`")
+        return home
+
+    def layout(self, node: str) -> NodeLayout:
+        return NodeLayout(
+            root="tfcluster",
+            code=str(PROJECT_ROOT),
+            python=sys.executable,
+            runs="tfcluster/runs",
+            logs="tfcluster/logs",
+        )
+
+    def run(self, node: str, command: str, *, timeout: float | None = None) -> CommandResult:
+        try:
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=self.home(node),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise RemoteError(f"{node}: command timed out after {timeout} s") from None
+        return CommandResult(node, done.returncode, done.stdout, done.stderr)
+
+    def stream(
+        self,
+        node: str,
+        command: str,
+        on_line: Callable[[str], None],
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        with subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.home(node),
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        ) as proc:
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    on_line(line.rstrip("\n"))
+            except BaseException:
+                proc.kill()
+                raise
+            return proc.wait()
+
+    def fetch(self, node: str, remote_path: str, local_dir: Path) -> None:
+        source = Path(remote_path)
+        if not source.is_absolute():
+            source = self.home(node) / source
+        if not source.is_dir():
+            raise RemoteError(f"{node}: {remote_path} does not exist")
+        if source.resolve() == Path(local_dir).resolve():
+            return
+        shutil.copytree(source, local_dir, dirs_exist_ok=True)
+
+
+class LocalProvider(NodeProvider):
+    """Nodes are folders; 'running' means the folder exists."""
+
+    kind = "local"
+
+    @property
+    def homes(self) -> Path:
+        return self.state.dir / "nodes"
+
+    def non_terminated_nodes(self) -> list[Node]:
+        return [
+            Node(
+                name=name,
+                state=NodeState.RUNNING,
+                status="LOCAL",
+                internal_ip="127.0.0.1",
+                machine_type=f"local ({os.cpu_count()} cores)",
+            )
+            for name in self.config.nodes
+            if (self.homes / name).is_dir()
+        ]
+
+    def create_nodes(self, names: Sequence[str]) -> None:
+        for name in names:
+            (self.homes / name).mkdir(parents=True, exist_ok=True)
+
+    def start_nodes(self, names: Sequence[str]) -> None:
+        self.create_nodes(names)
+
+    def stop_nodes(self, names: Sequence[str]) -> None:
+        self._stop_tasks(names)
+
+    def terminate_nodes(self, names: Sequence[str]) -> None:
+        self._stop_tasks(names)
+        for name in names:
+            shutil.rmtree(self.homes / name, ignore_errors=True)
+
+    def _stop_tasks(self, names: Sequence[str]) -> None:
+        """Stop whatever tasks still run in these nodes (a --detach job)."""
+        transport = self.transport_for([n for n in names if (self.homes / n).is_dir()])
+        for name in transport.nodes:
+            logs = transport.home(name) / "tfcluster" / "logs"
+            tasks = sorted(p.stem for p in logs.glob("*.pid"))
+            if tasks:
+                transport.run(name, commands.stop_tasks(transport.layout(name), tasks))
+
+    def can_stop(self) -> bool:
+        return False
+
+    def transport(self, nodes: Sequence[Node]) -> Transport:
+        return self.transport_for([n.name for n in nodes])
+
+    def transport_for(self, names: Sequence[str]) -> LocalTransport:
+        return LocalTransport(names, self.homes)
+
+    def task_port(self, node: str, task_type: str, index: int) -> int:
+        # Every task shares 127.0.0.1, so each gets its own free port. The
+        # port is released before the task binds it; the window is tiny and
+        # a clash shows up as a readiness failure, not a silent hang.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    def task_env(self) -> dict[str, str]:
+        # The tasks run in the node folders, so a relative MNIST_DIR (as CI
+        # sets it) must be made absolute from where the user stands.
+        mnist = os.environ.get("MNIST_DIR")
+        return {"MNIST_DIR": str(Path(mnist).resolve())} if mnist else {}

@@ -1,0 +1,158 @@
+"""Provider ``ssh``: machines that already exist (``hosts`` in cluster.yaml).
+
+There is nothing to create, start, stop or delete: the nodes are the hosts
+listed in cluster.yaml, reached over SSH with the cluster's key (the per-
+cluster key, or ``ssh.key_file``), whose public half the user authorizes on
+each host once (``python -m infra.remote public-key --config FILE`` prints
+it; ``make cluster-up`` does it for the docker-compose cluster).
+
+State: a host whose sshd port accepts a TCP connection is RUNNING; one that
+does not (refused, timed out, unknown name) is PENDING, with the reason as
+its status. Listing probes every host in parallel with a short timeout, so
+``status`` shows at once which machines are down, and ``up`` waits for a
+rebooting host (lifecycle's wait for running) instead of failing at once.
+
+``create_nodes`` and ``start_nodes`` only wait for the hosts to answer;
+``stop_nodes`` refuses (``can_stop()`` is False: they are not ours to stop);
+``terminate_nodes`` (``down``) stops whatever tfcluster tasks still run on
+the reachable hosts and leaves the machines and their files alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from infra import commands
+from infra.errors import ProviderError, RemoteError, StateError
+from infra.keys import cluster_key
+from infra.providers.base import Node, NodeProvider, NodeState
+from infra.remote import SshTarget, SshTransport
+from infra.transport import Transport
+
+log = logging.getLogger("tfcluster")
+
+# Listing must stay quick even with a host down: the probe's own timeout.
+PROBE_TIMEOUT_S = 3.0
+
+
+def probe(host: str, port: int, timeout: float) -> str | None:
+    """None when ``host:port`` accepts a TCP connection, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except socket.gaierror:
+        return "UNKNOWN-HOST"
+    except ConnectionRefusedError:
+        return "REFUSED"
+    except TimeoutError:
+        return "TIMEOUT"
+    except OSError as exc:
+        return f"UNREACHABLE ({exc.strerror or exc})"
+
+
+class SshProvider(NodeProvider):
+    """Existing machines reached over SSH."""
+
+    kind = "ssh"
+
+    def key(self) -> tuple[Path, str]:
+        """The private key the cluster logs in with, and its public line."""
+        return cluster_key(
+            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
+        )
+
+    def prepare(self) -> None:
+        # The per-cluster key must exist before anything logs in.
+        self.key()
+
+    def non_terminated_nodes(self) -> list[Node]:
+        hosts = [(name, self.config.hosts[name]) for name in self.config.nodes]
+        timeout = min(self.config.ssh.connect_timeout, PROBE_TIMEOUT_S)
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+            probes = list(pool.map(lambda h: probe(h[1].address, h[1].port, timeout), hosts))
+        nodes = []
+        for (name, host), problem in zip(hosts, probes, strict=True):
+            nodes.append(
+                Node(
+                    name=name,
+                    state=NodeState.RUNNING if problem is None else NodeState.PENDING,
+                    status="REACHABLE" if problem is None else problem,
+                    internal_ip=host.internal_address or host.address,
+                    external_ip=host.address,
+                    ssh_host=host.address,
+                    ssh_port=host.port,
+                    machine_type="existing host",
+                )
+            )
+        return nodes
+
+    def _wait_reachable(self, names: Sequence[str]) -> None:
+        """Wait (ssh.boot_timeout) until the hosts accept TCP on their sshd port."""
+        deadline = time.monotonic() + self.config.ssh.boot_timeout
+        while True:
+            down = {
+                n.name: n.status
+                for n in self.non_terminated_nodes()
+                if n.name in names and n.state is not NodeState.RUNNING
+            }
+            if not down:
+                return
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "existing hosts do not answer on their SSH port: "
+                    + ", ".join(f"{n} ({why})" for n, why in sorted(down.items())),
+                    hint="start those machines (or fix hosts.<node>.address/port), "
+                    "then run `deploy.py up` again",
+                )
+            time.sleep(2.0)
+
+    def create_nodes(self, names: Sequence[str]) -> None:
+        # Nothing to create: the machines exist. Wait for them to answer.
+        self._wait_reachable(names)
+
+    def start_nodes(self, names: Sequence[str]) -> None:
+        self._wait_reachable(names)
+
+    def stop_nodes(self, names: Sequence[str]) -> None:
+        raise StateError("provider ssh cannot stop its nodes: they are not ours to stop")
+
+    def terminate_nodes(self, names: Sequence[str]) -> None:
+        """Stop tfcluster's tasks on the reachable hosts; leave the machines."""
+        reachable = [n for n in self.non_terminated_nodes() if n.name in names]
+        reachable = [n for n in reachable if n.state is NodeState.RUNNING]
+        if not reachable:
+            return
+        # Every task name a job of this cluster can have (task files are
+        # named type-index); stop_tasks skips the ones not running.
+        names_of_tasks = ["chief-0"]
+        names_of_tasks += [f"ps-{i}" for i in range(len(self.config.roles.ps))]
+        names_of_tasks += [f"worker-{i}" for i in range(len(self.config.roles.worker))]
+        with self.transport(reachable) as transport:
+            scripts = {
+                node: commands.stop_tasks(transport.layout(node), names_of_tasks)
+                for node in transport.nodes
+            }
+            try:
+                transport.run_all(scripts, timeout=60)
+            except RemoteError as exc:
+                log.warning("could not stop the tasks everywhere: %s", exc)
+
+    def can_stop(self) -> bool:
+        return False
+
+    def transport(self, nodes: Sequence[Node]) -> Transport:
+        key_file, _ = self.key()
+        targets = []
+        for node in nodes:
+            host = self.config.hosts.get(node.name)
+            address = node.ssh_host or (host.address if host else None)
+            if address is None:
+                raise RemoteError(f"{node.name}: no SSH address known (hosts.{node.name})")
+            port = node.ssh_port if node.ssh_host else (host.port if host else 22)
+            targets.append(SshTarget(node.name, address, port))
+        return SshTransport(targets, config=self.config, state=self.state, key_file=key_file)

@@ -1,0 +1,108 @@
+"""Training time compared: rows, speedups and the plot from run folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import pytest
+
+from infra.report import ReportError, compute_rows, load_run, load_runs, write_plot
+
+
+def make_run(
+    root: Path,
+    name: str,
+    *,
+    metrics: list[dict[str, Any]] | None = None,
+    **summary: Any,
+) -> Path:
+    folder = root / name
+    folder.mkdir()
+    base = {"ps": 0, "steps": 600, "batch_size": 128}
+    (folder / "summary.json").write_text(json.dumps({**base, **summary}))
+    if metrics is not None:
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    def curve(seconds: float) -> list[dict[str, Any]]:
+        return [
+            {"step": s, "loss": 1.0 / s, "accuracy": 0.5 + s / 1300, "elapsed": seconds * s / 600}
+            for s in (200, 400, 600)
+        ]
+
+    return [
+        make_run(tmp_path, "cnn-1", model="cnn", mode="async", workers=1, ps=1,
+                 training_seconds=60.0, examples_per_sec=1280.0, test_accuracy=0.981,
+                 metrics=curve(60.0)),
+        make_run(tmp_path, "cnn-2", model="cnn", mode="async", workers=2, ps=1,
+                 training_seconds=33.0, examples_per_sec=2304.0, test_accuracy=0.979,
+                 metrics=curve(33.0)),
+        make_run(tmp_path, "cnn-sync-2", model="cnn", mode="sync", workers=2,
+                 training_seconds=50.0, examples_per_sec=3072.0, test_accuracy=0.985),
+        make_run(tmp_path, "cnn-single", model="cnn", mode="single", workers=1,
+                 training_seconds=40.0, examples_per_sec=1920.0, test_accuracy=0.986),
+        make_run(tmp_path, "dae-3", model="dae", mode="async", workers=3, ps=1,
+                 training_seconds=20.0, examples_per_sec=9000.0, psnr_corrupted=13.3,
+                 psnr_reconstructed=21.5,
+                 metrics=[{"step": 100, "loss": 0.02, "psnr": 18.0, "elapsed": 5.0}, "torn"]),
+    ]  # fmt: skip
+
+
+def test_rows_carry_the_summary_and_speedups_over_the_one_worker_run(runs: list[Path]) -> None:
+    rows = {row.run: row for row in compute_rows(load_runs(runs))}
+    one, two = rows["cnn-1"], rows["cnn-2"]
+    assert (one.model, one.mode, one.workers, one.ps, one.steps) == ("cnn", "async", 1, 1, 600)
+    assert (one.training_seconds, one.examples_per_sec) == (60.0, 1280.0)
+    assert one.speedup == 1.0
+    assert two.speedup == pytest.approx(2304.0 / 1280.0)  # 1.8x: same mode's 1-worker run
+    # No 1-worker sync run: the single-process run is the baseline.
+    assert rows["cnn-sync-2"].speedup == pytest.approx(3072.0 / 1920.0)
+    assert rows["cnn-single"].speedup == 1.0
+    assert (two.metric, two.value) == ("test_accuracy", 0.979)
+    dae = rows["dae-3"]
+    assert dae.speedup is None  # no 1-worker dae run to compare with
+    assert (dae.metric, dae.value) == ("psnr_reconstructed", 21.5)
+    assert dae.as_dict()["speedup"] is None and dae.as_dict()["run"] == "dae-3"
+
+
+def test_metrics_lines_are_read_and_torn_lines_skipped(runs: list[Path]) -> None:
+    assert [m["step"] for m in load_run(runs[0]).metrics] == [200, 400, 600]
+    assert load_run(runs[4]).metrics == [{"step": 100, "loss": 0.02, "psnr": 18.0, "elapsed": 5.0}]
+    assert load_run(runs[2]).metrics == []
+
+
+def test_plot_is_written_from_rows_or_runs(runs: list[Path], tmp_path: Path) -> None:
+    rows = compute_rows(load_runs(runs))
+    from_rows = write_plot(rows, tmp_path / "rows.png")
+    from_runs = write_plot(load_runs(runs), tmp_path / "runs.png")
+    for png in (from_rows, from_runs):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        height, width, _ = matplotlib.image.imread(png).shape
+        # Speedup, time to accuracy and time to PSNR side by side.
+        assert width > 2.5 * height
+
+
+def test_missing_summary_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "unfinished").mkdir()
+    with pytest.raises(ReportError, match=r"unfinished/summary.json: missing"):
+        load_run(tmp_path / "unfinished")
+    with pytest.raises(ReportError, match="no such run folder"):
+        load_run(tmp_path / "nowhere")
+
+
+def test_corrupt_summary_names_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text('{"model": "cnn",')
+    with pytest.raises(ReportError, match=r"broken/summary.json: not readable JSON"):
+        load_run(broken)
+    (broken / "summary.json").write_text('{"model": "cnn", "mode": "async"}')
+    with pytest.raises(ReportError, match="missing workers, steps, training_seconds"):
+        load_run(broken)
+    assert issubclass(ReportError, ValueError)

@@ -1,0 +1,78 @@
+"""The models match the source material's architectures, and one training
+call of the loop runs in-process (default strategy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.flags import parse_args
+from trainer.models import create_task
+from trainer.models.dae import corrupt
+from trainer.steps import train_calls
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        # conv 5x5x32, conv 5x5x64, dense 7*7*64 -> 1024, dense 1024 -> 10
+        ("cnn", 832 + 51_264 + 3_212_288 + 10_250),
+        # conv 5x5x64, 3x3x256, 3x3x512, dense 7*7*512 -> 2048, 2048 -> 1024, 1024 -> 10
+        ("convnet", 1_664 + 147_712 + 1_180_160 + 51_382_272 + 2_098_176 + 10_250),
+    ],
+)
+def test_classifiers_have_the_source_architectures(name: str, params: int) -> None:
+    model = create_task(parse_args(["--model", name])).build_model()
+    assert model.count_params() == params
+    assert model(tf.zeros([3, 28, 28, 1])).shape == (3, 10)
+
+
+def test_sdae_creates_both_layers_up_front_with_a_wider_second_layer() -> None:
+    task = create_task(parse_args(["--model", "sdae", "--hidden", "64", "--width-factor", "3"]))
+    model = task.build_model()
+    shapes = {v.path: tuple(v.shape) for v in model.trainable_variables}
+    assert shapes["sdae/encoder1/kernel"] == (64, 64)
+    assert shapes["sdae/encoder2/kernel"] == (64, 192)
+    assert shapes["sdae/decoder2/kernel"] == (192, 64)
+    assert shapes["sdae/decoder1/kernel"] == (64, 64)
+    phases = task.phases(model, 100)
+    assert [(p.name, p.start, p.end, len(p.variables)) for p in phases] == [
+        ("pretrain-layer-1", 0, 25, 4),
+        ("pretrain-layer-2", 25, 50, 4),
+        ("finetune", 50, 100, 8),
+    ]
+
+
+def test_noise_kinds() -> None:
+    x = tf.fill([4, 1000], 0.5)
+    seed = tf.constant([1, 2], tf.int64)
+    masked = corrupt(x, "masking", 0.3, seed).numpy()
+    assert set(np.unique(masked)) == {0.0, 0.5}
+    assert abs((masked == 0).mean() - 0.3) < 0.03
+    noisy = corrupt(x, "gaussian", 0.1, seed).numpy()
+    assert noisy.min() >= 0.0 and noisy.max() <= 1.0 and abs(noisy.std() - 0.1) < 0.01
+    np.testing.assert_array_equal(noisy, corrupt(x, "gaussian", 0.1, seed).numpy())  # stateless
+
+
+def test_one_call_trains_the_phase_variables_only() -> None:
+    """Greedy pretraining of layer 2 leaves layer 1 as it was."""
+    import keras
+
+    task = create_task(parse_args(["--model", "sdae", "--hidden", "16"]))
+    model = task.build_model()
+    phase = task.phases(model, 8)[1]  # pretrain-layer-2
+    optimizer = keras.optimizers.Adam(1e-2)
+    optimizer.build(list(phase.variables))
+    step = tf.Variable(0, dtype=tf.int64)
+    before = {v.path: v.numpy().copy() for v in model.variables}
+    call = train_calls(tf.distribute.get_strategy(), phase, optimizer, model.variables, step,
+                       jit=False, guard=False)  # fmt: skip
+    batch = {"clean": tf.random.uniform([4, 64]), "seed": tf.constant([3, 4], tf.int64)}
+    batch["noisy"] = batch["clean"]
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    loss_sum, sums, done = call(iterator, tf.constant(3, tf.int64), tf.constant(8, tf.int64))
+    assert int(done) == 3 and int(step.numpy()) == 3 and int(optimizer.iterations.numpy()) == 3
+    assert float(loss_sum) > 0 and set(sums) == {"mse"}
+    changed = {v.path for v in model.variables if not np.array_equal(before[v.path], v.numpy())}
+    assert changed == {v.path for v in phase.variables}

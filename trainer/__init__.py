@@ -1,0 +1,1 @@
+"""The TensorFlow program every node of a tfcluster runs (`python -m trainer`)."""

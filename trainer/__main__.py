@@ -1,0 +1,57 @@
+"""``python -m trainer``: parse flags, train, map expected errors to one line
+and an exit code (see ``trainer/errors.py``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from trainer.distribute import parse_tf_config
+from trainer.errors import ClusterError, TrainerError
+from trainer.flags import parse_args
+from trainer.progress import Progress
+
+# Fewest inter-op threads a task of a distributed job gets.
+MIN_INTER_OP_THREADS = 4
+
+
+def ensure_inter_op_threads() -> None:
+    """TensorFlow sizes its inter-op thread pool by the CPUs the process may
+    run on: one on a 1-vCPU VM (n1-standard-1, or a task pinned to a core).
+    A task of a distributed job then hangs for good: a blocking receive from
+    another task holds the only thread that could run what it waits for.
+    Idle threads cost nothing, so small machines get a few (before
+    TensorFlow is imported; a value the user set wins)."""
+    if len(os.sched_getaffinity(0)) < MIN_INTER_OP_THREADS:
+        os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(MIN_INTER_OP_THREADS))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    # TensorFlow's C++ INFO/WARNING chatter would drown the progress lines;
+    # a user who wants it sets the variable.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    ensure_inter_op_threads()
+    try:
+        is_chief = parse_tf_config(os.environ.get("TF_CONFIG")).is_chief
+    except ClusterError:
+        is_chief = True  # run() reports the error; say it on the protocol too
+    progress = Progress(enabled=is_chief)
+    try:
+        from trainer.run import run
+
+        run(config, progress)
+    except TrainerError as e:
+        progress.error(str(e))
+        print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        progress.error("interrupted")
+        print("trainer: error: interrupted", file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""What the chief leaves in the run folder, and its progress events.
+
+``RunLog`` is the single place a log interval is recorded: a progress event
+on stdout, a line of ``metrics.jsonl`` and TensorBoard scalars. Every other
+task gets a disabled ``RunLog`` and writes nothing. ``write_summary`` and the
+plots finish the folder: ``summary.json``, ``loss.png`` and, for the
+autoencoders, ``samples.png`` (rows G original, C corrupted, R reconstructed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless nodes: no display
+import matplotlib.pyplot as plt
+import numpy as np
+
+from trainer.progress import Progress
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+class RunLog:
+    def __init__(
+        self,
+        output_dir: Path,
+        progress: Progress,
+        *,
+        enabled: bool,
+        total_steps: int,
+        examples_per_step: int,
+        start_step: int,
+        announce_phases: bool = False,
+        elapsed_offset: float = 0.0,
+    ) -> None:
+        self.announce_phases = announce_phases
+        # A resumed run continues the elapsed time of the runs before it, so
+        # metrics.jsonl stays one time line (time-to-accuracy plots).
+        self.elapsed_offset = elapsed_offset
+        self.output_dir = output_dir
+        self.progress = progress
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.examples_per_step = examples_per_step
+        self.start_step = start_step
+        self._writer: Any = None
+        self._t0 = self._last_time = time.perf_counter()
+        self._last_step = start_step
+        # Throughput after the first interval leaves out tracing and compiling.
+        self._steady_from: tuple[int, float] | None = None
+
+    def begin(self) -> None:
+        """Training starts now (after setup, before the first step)."""
+        self._t0 = self._last_time = time.perf_counter()
+        if self.enabled:
+            import tensorflow as tf
+
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self._writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
+
+    def phase(self, name: str) -> None:
+        """A new training phase (announced for multi-phase models: sdae)."""
+        if self.enabled and self.announce_phases:
+            self.progress.phase(name)
+
+    def record(self, step: int, loss: float, metrics: Mapping[str, float], phase: str) -> None:
+        """One log interval ending at ``step``."""
+        now = time.perf_counter()
+        interval = max(now - self._last_time, 1e-9)
+        steps_per_sec = (step - self._last_step) / interval
+        overall = (step - self.start_step) / max(now - self._t0, 1e-9)
+        elapsed = self.elapsed_offset + now - self._t0
+        eta = (self.total_steps - step) / overall if overall > 0 else 0.0
+        if self._steady_from is None:
+            self._steady_from = (step, now)
+        self._last_step, self._last_time = step, now
+        line: dict[str, Any] = {
+            "step": step,
+            "phase": phase,
+            "loss": loss,
+            **metrics,
+            "examples_per_sec": steps_per_sec * self.examples_per_step,
+            "elapsed": elapsed,
+        }
+        if not self.enabled:
+            return
+        self.progress.progress(
+            step=step,
+            total_steps=self.total_steps,
+            loss=loss,
+            metrics=metrics,
+            examples_per_sec=steps_per_sec * self.examples_per_step,
+            steps_per_sec=steps_per_sec,
+            elapsed=elapsed,
+            eta=max(eta, 0.0),
+        )
+        with (self.output_dir / METRICS_FILE).open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        self.scalars(step, {"loss": loss, **metrics, "examples_per_sec": line["examples_per_sec"]})
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        if self._writer is None:
+            return
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        # tf.summary.scalar lives in the tensorboard package, which
+        # tensorflow-cpu does not install; this is the same event record
+        # (a float tensor tagged for TensorBoard's scalars plugin).
+        metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+        )
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
+        self._writer.flush()
+
+    def checkpoint(self, step: int, path: str | None) -> None:
+        if self.enabled and path is not None:
+            self.progress.checkpoint(step, path)
+
+    def timing(self, step: int) -> dict[str, float]:
+        """Training time and throughput of this run up to ``step`` (now)."""
+        now = time.perf_counter()
+        seconds = now - self._t0
+        examples = (step - self.start_step) * self.examples_per_step
+        timing = {
+            "training_seconds": seconds,
+            "examples": float(examples),
+            "examples_per_sec": examples / seconds if seconds > 0 else 0.0,
+        }
+        if self._steady_from is not None and step > self._steady_from[0]:
+            first_step, first_time = self._steady_from
+            timing["steady_examples_per_sec"] = (
+                (step - first_step) * self.examples_per_step / max(now - first_time, 1e-9)
+            )
+        return timing
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def write_summary(output_dir: Path, summary: Mapping[str, Any]) -> None:
+    path = output_dir / SUMMARY_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def read_metrics(output_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl, including the lines of runs this one resumed."""
+    path = output_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_loss(lines: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Loss, and the model's metric, against the global step."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    steps = [line["step"] for line in lines]
+    axes[0].plot(steps, [line["loss"] for line in lines], color="tab:blue")
+    axes[0].set(xlabel="step", ylabel="training loss", yscale="log", title=title)
+    for name in ("accuracy", "psnr"):
+        points = [(line["step"], line[name]) for line in lines if name in line]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            axes[1].plot(xs, ys, color="tab:green")
+            axes[1].set(xlabel="step", ylabel=f"training {name}")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_samples(samples: Mapping[str, np.ndarray], path: Path, titles: Mapping[str, str]) -> None:
+    """A grid: one row per kind (G, C, R), one column per test image."""
+    rows = list(samples)
+    columns = len(samples[rows[0]])
+    fig, axes = plt.subplots(
+        len(rows), columns, figsize=(1.2 * columns + 1, 1.3 * len(rows)), squeeze=False
+    )
+    for r, kind in enumerate(rows):
+        for c in range(columns):
+            axis = axes[r][c]
+            axis.imshow(samples[kind][c], cmap="gray", vmin=0.0, vmax=1.0)
+            axis.set_xticks([])
+            axis.set_yticks([])
+        label = f"{kind}\n{titles.get(kind, '')}"
+        axes[r][0].set_ylabel(label, rotation=0, ha="right", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,45 @@
+"""What this process does: serve (async ps and workers) or train.
+
+TensorFlow is imported only once the role is known and the dataset found,
+so a bad TF_CONFIG or a missing MNIST fails in a second, not after the
+TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trainer import distribute
+from trainer.data import resolve_data_dir
+from trainer.errors import ClusterError
+from trainer.flags import Config
+from trainer.progress import Progress
+
+
+def run(config: Config, progress: Progress) -> None:
+    info = distribute.parse_tf_config(os.environ.get("TF_CONFIG"))
+    distribute.check_mode(info, config.mode)
+    if distribute.serves_only(info, config.mode):
+        if info.task_type == "worker":
+            # Async workers run the input pipelines, which read MNIST from
+            # this node's disk (at the path the chief resolved, the same on
+            # nodes with the same user and flags): make sure it is here.
+            resolve_data_dir(config.data_dir)
+        distribute.serve(info)
+    data_dir = resolve_data_dir(config.data_dir)
+    strategy = distribute.create_strategy(config.mode, info)
+
+    import tensorflow as tf
+
+    from trainer.training import Training
+
+    try:
+        Training(config, info, strategy, progress, data_dir).run()
+    except (
+        tf.errors.UnavailableError,
+        tf.errors.DeadlineExceededError,
+        tf.errors.CancelledError,
+        tf.errors.AbortedError,
+    ) as e:
+        first = (e.message or type(e).__name__).strip().splitlines()[0]
+        raise ClusterError(f"lost contact with another task of the job: {first}") from None
