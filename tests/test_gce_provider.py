@@ -604,6 +604,30 @@ def test_ctrl_c_mid_create_returns_at_once_and_leaves_only_labelled_instances(
     assert fake_gce.instances() == [] and fake_gce.firewalls() == []
 
 
+def test_ctrl_c_while_the_batch_is_still_starting_stops_what_already_started(
+    provider: GceProvider,
+) -> None:
+    # Item 5 interrupts the main thread while it is still starting threads
+    # for the later items: items 0-4, already running, must stop too.
+    from infra.providers.gce import _pause
+
+    main = threading.get_ident()
+    finished: list[int] = []
+
+    def work(item: int) -> None:
+        if item == 5:
+            signal.pthread_kill(main, signal.SIGINT)
+            return
+        for _ in range(10):  # ten calls, each a point where a cancelled batch stops
+            _pause(0.05)
+        finished.append(item)
+
+    with pytest.raises(KeyboardInterrupt):
+        provider._parallel(work, list(range(50)))
+    time.sleep(1.0)
+    assert finished == []
+
+
 # -- transport and cost -----------------------------------------------------------------------
 
 

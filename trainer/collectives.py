@@ -97,3 +97,38 @@ def barrier(strategy: tf.distribute.Strategy) -> None:
         )
 
     run()
+
+
+# How long the chief waits for a worker's goodbye before leaving anyway.
+LEAVE_TIMEOUT_S = 60
+
+
+def leave_together(task_name: str, chief: str, workers: Sequence[str]) -> None:
+    """The goodbye of a collective job, after its final barrier; then every
+    task exits at once, without TensorFlow's teardown (``os._exit``).
+
+    The coordination service lives in the chief. A chief that leaves first
+    can cut off a worker's end of the final all-reduce, and a worker whose
+    chief is gone hangs in teardown until a heartbeat times out (about
+    30 s). So each worker's last act is a message the chief acknowledges
+    (a key set in the service), and the chief leaves once every worker's
+    key is there.
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if task_name != chief:
+        try:
+            ctx.set_config_key_value(f"tfcluster/done/{task_name}", "1")
+        except tf.errors.OpError as e:
+            # Training is over and the chief has its results: a chief gone
+            # by now costs nothing but this line.
+            print(f"trainer: {task_name}: no goodbye to {chief} ({type(e).__name__}); "
+                  "leaving anyway", flush=True)  # fmt: skip
+        return
+    for name in workers:
+        try:
+            ctx.get_config_key_value(f"tfcluster/done/{name}", LEAVE_TIMEOUT_S * 1000)
+        except tf.errors.OpError as e:
+            print(f"trainer: {task_name}: no goodbye from {name} ({type(e).__name__}); "
+                  "leaving anyway", flush=True)  # fmt: skip

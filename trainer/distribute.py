@@ -62,6 +62,16 @@ class ClusterInfo:
     def name(self) -> str:
         return f"{self.task_type}-{self.task_index}"
 
+    @property
+    def chief_name(self) -> str:
+        return "chief-0" if "chief" in self.cluster else "worker-0"
+
+    def training_tasks(self) -> list[str]:
+        """Names of the tasks that train (chief and workers; not ps)."""
+        return [
+            f"{kind}-{index}" for kind in ("chief", "worker") for index in range(self.count(kind))
+        ]
+
 
 def parse_tf_config(text: str | None) -> ClusterInfo:
     """Parse a TF_CONFIG value (None or empty: single process)."""

@@ -63,6 +63,10 @@ class State:
         return tf.train.Checkpoint(model=self.model, step=self.step, **optimizers)
 
 
+# TensorFlow objects a finished collective run keeps until the process exits.
+_NEVER_RELEASED: list[Any] = []
+
+
 def weights_fingerprint(variables: list[Any]) -> str:
     """A short hash of parameter values: equal on every worker of a sync or
     average job after training (the logs show it, the tests compare it)."""
@@ -234,6 +238,11 @@ class Training:
             # Workers wait for the chief's evaluation, so that nobody sees a
             # peer vanish while it still works.
             collectives.barrier(self.strategy)
+            # Deleting a MultiWorkerMirroredStrategy input iterator can block
+            # for 30 s and more (TF 2.21, seen on a busy machine); a
+            # collective task leaves by os._exit (``__main__.leave``) before
+            # anything kept here would be deleted.
+            _NEVER_RELEASED.append(iterator)
 
     def total_steps(self, task: Task) -> int:
         if self.config.steps is not None:

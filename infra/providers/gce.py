@@ -651,9 +651,13 @@ class GceProvider(NodeProvider):
                 except BaseException as exc:  # handed to the caller, whatever it is
                     done.put((item, False, exc))
 
-        for item in items:
-            threading.Thread(target=run, args=(item,), daemon=True, name=f"gce-{item}").start()
         try:
+            # Starting the threads is inside the try: an interrupt that lands
+            # while the later ones start must still cancel the earlier ones.
+            for item in items:
+                threading.Thread(
+                    target=run, args=(item,), daemon=True, name=f"gce-{item}"
+                ).start()
             for _ in items:
                 while True:
                     # A timed wait: a SIGINT the kernel hands to another thread

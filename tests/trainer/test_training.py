@@ -82,9 +82,12 @@ def test_async_cnn_with_ps_and_two_workers_learns_mnist(
     summary = check_run_folder(output, events)
     # Async workers may each finish a step begun just before the end.
     assert 300 <= summary["steps"] <= 301
-    # Keras counts optimizer iterations with a read-modify-write that two
-    # workers may interleave; the global step's assign_add is atomic.
-    assert summary["steps"] - 10 <= summary["optimizer_iterations"]["train"] <= summary["steps"]
+    # Keras counts optimizer iterations with a read-modify-write
+    # (Variable.assign_add is assign(self + 1)) that two workers interleave,
+    # losing a count now and then (12 of 300 on a busy CI machine); the
+    # global step's assign_add is atomic, and is what the run goes by.
+    iterations = summary["optimizer_iterations"]["train"]
+    assert 0.9 * summary["steps"] <= iterations <= summary["steps"]
     assert summary["test_accuracy"] >= 0.97, summary
     # ps and workers only serve, and still do: the job stops them.
     assert all(job.processes[n].poll() is None for n in ("ps-0", "worker-0", "worker-1"))
@@ -109,7 +112,10 @@ def test_collective_modes_with_two_workers_learn_mnist(
     # All-reduced gradients (sync) or averaged parameters (average): both
     # workers end with the very same weights.
     assert fingerprint(job, "chief-0") == fingerprint(job, "worker-0")
-    assert job.processes["worker-0"].wait(30) == 0  # left with the chief, cleanly
+    # Left with the chief, cleanly: the goodbye (collectives.leave_together)
+    # completed, where TensorFlow's own teardown could hang for 30 s.
+    assert job.processes["worker-0"].wait(10) == 0
+    assert "leaving anyway" not in job.log("worker-0") + job.log("chief-0")
     # Only the chief writes the run folder; the worker's checkpoints went to
     # a temporary folder that is gone.
     assert sorted(p.name for p in (output / "checkpoints").iterdir()) == [

@@ -145,6 +145,9 @@ def test_tf_config_of_a_collective_job() -> None:
     assert [distribute.worker_index(i) for i in infos] == [1, 2, 3, 0]
     assert distribute.num_workers(infos[0], "sync") == 4
     assert [i.is_chief for i in infos] == [False, False, False, True]
+    # Who says goodbye to whom at the end (collectives.leave_together).
+    assert {i.chief_name for i in infos} == {"chief-0"}
+    assert infos[0].training_tasks() == ["chief-0", "worker-0", "worker-1", "worker-2"]
     distribute.check_mode(infos[0], "average")
     with pytest.raises(ClusterError, match="needs ps"):
         distribute.check_mode(infos[0], "async")
@@ -160,6 +163,7 @@ def test_no_tf_config_is_a_single_chief() -> None:
         {"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 0}}
     )
     assert distribute.parse_tf_config(only_workers).is_chief
+    assert distribute.parse_tf_config(only_workers).chief_name == "worker-0"
 
 
 @pytest.mark.parametrize(
