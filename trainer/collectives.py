@@ -20,6 +20,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from trainer.distribute import ClusterInfo
+
 # tf.Variables, mirrored variables or Keras variables: all convert to a
 # tensor and assign the same way.
 Variable = Any
@@ -103,7 +105,7 @@ def barrier(strategy: tf.distribute.Strategy) -> None:
 LEAVE_TIMEOUT_S = 60
 
 
-def leave_together(task_name: str, chief: str, workers: Sequence[str]) -> None:
+def leave_together(info: ClusterInfo) -> None:
     """The goodbye of a collective job, after its final barrier; then every
     task exits at once, without TensorFlow's teardown (``os._exit``).
 
@@ -117,6 +119,7 @@ def leave_together(task_name: str, chief: str, workers: Sequence[str]) -> None:
     from tensorflow.python.eager import context
 
     ctx = context.context()
+    task_name, chief = info.name, info.chief_name
     if task_name != chief:
         try:
             ctx.set_config_key_value(f"tfcluster/done/{task_name}", "1")
@@ -126,7 +129,9 @@ def leave_together(task_name: str, chief: str, workers: Sequence[str]) -> None:
             print(f"trainer: {task_name}: no goodbye to {chief} ({type(e).__name__}); "
                   "leaving anyway", flush=True)  # fmt: skip
         return
-    for name in workers:
+    for name in info.training_tasks():
+        if name == chief:
+            continue
         try:
             ctx.get_config_key_value(f"tfcluster/done/{name}", LEAVE_TIMEOUT_S * 1000)
         except tf.errors.OpError as e:

@@ -46,10 +46,8 @@ class ClusterInfo:
 
     @property
     def is_chief(self) -> bool:
-        # TF's rule: the chief task, or worker 0 of a cluster without one.
-        if self.task_type == "chief":
-            return True
-        return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
+        # A chief task is the chief even without a cluster (no TF_CONFIG).
+        return self.task_type == "chief" or self.name == self.chief_name
 
     @property
     def num_ps(self) -> int:
@@ -64,6 +62,7 @@ class ClusterInfo:
 
     @property
     def chief_name(self) -> str:
+        # TF's rule: the chief task, or worker 0 of a cluster without one.
         return "chief-0" if "chief" in self.cluster else "worker-0"
 
     def training_tasks(self) -> list[str]:

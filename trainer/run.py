@@ -33,9 +33,8 @@ def run(config: Config, progress: Progress) -> None:
 
     from trainer.training import Training
 
-    training = Training(config, info, strategy, progress, data_dir)
     try:
-        training.run()
+        Training(config, info, strategy, progress, data_dir).run()
     except (
         tf.errors.UnavailableError,
         tf.errors.DeadlineExceededError,
@@ -44,8 +43,3 @@ def run(config: Config, progress: Progress) -> None:
     ) as e:
         first = (e.message or type(e).__name__).strip().splitlines()[0]
         raise ClusterError(f"lost contact with another task of the job: {first}") from None
-    if training.collective:
-        from trainer.collectives import leave_together
-
-        chief = info.chief_name
-        leave_together(info.name, chief, [t for t in info.training_tasks() if t != chief])

@@ -243,6 +243,7 @@ class Training:
             # collective task leaves by os._exit (``__main__.leave``) before
             # anything kept here would be deleted.
             _NEVER_RELEASED.append(iterator)
+            collectives.leave_together(self.info)
 
     def total_steps(self, task: Task) -> int:
         if self.config.steps is not None:
