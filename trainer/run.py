@@ -7,7 +7,11 @@ TensorFlow import.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 from trainer import distribute
 from trainer.data import resolve_data_dir
@@ -34,7 +38,8 @@ def run(config: Config, progress: Progress) -> None:
     from trainer.training import Training
 
     try:
-        Training(config, info, strategy, progress, data_dir).run()
+        with own_temp_dir():
+            Training(config, info, strategy, progress, data_dir).run()
     except (
         tf.errors.UnavailableError,
         tf.errors.DeadlineExceededError,
@@ -43,3 +48,18 @@ def run(config: Config, progress: Progress) -> None:
     ) as e:
         first = (e.message or type(e).__name__).strip().splitlines()[0]
         raise ClusterError(f"lost contact with another task of the job: {first}") from None
+
+
+@contextlib.contextmanager
+def own_temp_dir() -> Iterator[None]:
+    """Every temporary file of the training (autograph's generated modules,
+    a worker's checkpoint folder) in one folder, removed at the end. Python
+    would remove autograph's files at exit, but a trainer process leaves by
+    ``os._exit`` (``__main__.leave``), which skips that."""
+    path = tempfile.mkdtemp(prefix="tfcluster-trainer-")
+    tempfile.tempdir = path
+    try:
+        yield
+    finally:
+        tempfile.tempdir = None
+        shutil.rmtree(path, ignore_errors=True)
