@@ -7,8 +7,14 @@ ratios against plain Keras ``model.fit`` and against the trainer's
 
 * plain Keras ``fit`` (one process, Keras' defaults, XLA included);
 * ``python -m trainer --mode single``;
-* ``async`` with 1 ps + 1 worker, and with 1 ps + 2 workers;
+* ``async`` with 1 ps + 1 worker (plain, and with ``--overlap``), and with
+  1 ps + 2 workers;
 * ``sync`` with 2 workers.
+
+With ``--repeat N`` every set-up runs N times, in rounds (each round runs
+all set-ups once), and the median is reported: the machine's speed drifts
+by 10 % and more over minutes, and rounds spread that drift over all
+set-ups alike.
 
 Throughput is steady state: the first log interval (tracing, compiling,
 connecting) is left out, for Keras too. Targets: single >= 0.95x plain
@@ -25,7 +31,7 @@ Then "async 1 worker vs single" compares the same compute per worker, with
 and without a parameter server across the network. ``--no-pin`` measures
 the shared machine.
 
-Usage: ``python bench/trainer.py [--steps N] [--batch-size N] [--json-only]``
+Usage: ``python bench/trainer.py [--steps N] [--batch-size N] [--repeat N] [--json-only]``
 (MNIST from --data-dir or $MNIST_DIR, as for the trainer).
 """
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,6 +127,12 @@ def run_keras(steps: int, batch_size: int, data_dir: str, pin: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def median_run(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The set-up's median examples/s over the rounds, with every round's."""
+    speeds = [e["examples_per_sec"] for e in entries]
+    return {**entries[0], "examples_per_sec": statistics.median(speeds), "rounds": speeds}
+
+
 def _pin_to(cpus: set[int]) -> Any:
     return lambda: os.sched_setaffinity(0, cpus)
 
@@ -133,14 +146,15 @@ def run_trainer(
     data_dir: str,
     root: Path,
     pin: bool,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    name = f"{mode}-{workers}w-{ps}ps"
+    name = f"{mode}-{workers}w-{ps}ps{''.join(extra)}"
     output = root / name
     job = LocalJob(
         mode=mode,
         argv=["--model", "cnn", "--steps", str(steps), "--batch-size", str(batch_size),
               "--log-every", str(WARMUP_STEPS), "--checkpoint-every", "0", "--no-eval",
-              "--data-dir", data_dir, "--output-dir", str(output)],
+              "--data-dir", data_dir, "--output-dir", str(output), *extra],
         log_dir=root / f"{name}-logs",
         workers=workers,
         ps=ps,
@@ -160,6 +174,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--data-dir", default=os.environ.get("MNIST_DIR"))
+    parser.add_argument("--repeat", type=int, default=1, choices=range(1, 11), metavar="N",
+                        help="rounds (1-10); medians are reported")  # fmt: skip
     parser.add_argument("--json-only", action="store_true")
     parser.add_argument(
         "--pin",
@@ -178,26 +194,33 @@ def main() -> int:
 
     data_dir = str(resolve_data_dir(args.data_dir))  # download once, before timing
 
-    results: dict[str, dict[str, Any]] = {}
-    keras_speed = run_keras(args.steps, args.batch_size, data_dir, args.pin)
-    results["keras_fit"] = {"examples_per_sec": keras_speed}
     setups = [
-        ("single", "single", 1, 0),
-        ("async_1ps_1worker", "async", 1, 1),
-        ("async_1ps_2workers", "async", 2, 1),
-        ("sync_2workers", "sync", 2, 0),
+        ("single", "single", 1, 0, ()),
+        ("async_1ps_1worker", "async", 1, 1, ()),
+        ("async_1ps_1worker_overlap", "async", 1, 1, ("--overlap",)),
+        ("async_1ps_2workers", "async", 2, 1, ()),
+        ("sync_2workers", "sync", 2, 0, ()),
     ]
+    runs: dict[str, list[dict[str, Any]]] = {"keras_fit": []}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        for key, mode, workers, ps in setups:
-            summary = run_trainer(
-                mode, workers, ps, args.steps, args.batch_size, data_dir, Path(tmp), args.pin
-            )
-            results[key] = {
-                "examples_per_sec": summary["steady_examples_per_sec"],
-                "examples_per_sec_with_warmup": summary["examples_per_sec"],
-                "workers": summary["workers"],
-                "ps": summary["ps"],
-            }
+        for round_ in range(args.repeat):
+            speed = run_keras(args.steps, args.batch_size, data_dir, args.pin)
+            runs["keras_fit"].append({"examples_per_sec": speed})
+            for key, mode, workers, ps, extra in setups:
+                summary = run_trainer(
+                    mode, workers, ps, args.steps, args.batch_size, data_dir,
+                    Path(tmp) / f"round-{round_}", args.pin, extra,
+                )  # fmt: skip
+                runs.setdefault(key, []).append(
+                    {
+                        "examples_per_sec": summary["steady_examples_per_sec"],
+                        "examples_per_sec_with_warmup": summary["examples_per_sec"],
+                        "workers": summary["workers"],
+                        "ps": summary["ps"],
+                    }
+                )
+    results = {key: median_run(entries) for key, entries in runs.items()}
+    keras_speed = results["keras_fit"]["examples_per_sec"]
     single = results["single"]["examples_per_sec"]
     for entry in results.values():
         entry["vs_keras_fit"] = entry["examples_per_sec"] / keras_speed
@@ -206,19 +229,19 @@ def main() -> int:
         "model": "cnn",
         "batch_size": args.batch_size,
         "steps": args.steps,
+        "repeat": args.repeat,
         "cpus": os.cpu_count(),
         "pinned": args.pin,
         "placement": {
             key: {k: sorted(v) for k, v in placement(mode, workers, ps).items()}
-            for key, mode, workers, ps in setups
+            for key, mode, workers, ps, _ in setups
         }
         if args.pin
         else None,
         "results": results,
         "targets": {
             "single_vs_keras_fit >= 0.95": results["single"]["vs_keras_fit"] >= 0.95,
-            "async_1ps_1worker_vs_single >= 0.8": results["async_1ps_1worker"]["vs_single"]
-            >= 0.8,
+            "async_1ps_1worker_vs_single >= 0.8": results["async_1ps_1worker"]["vs_single"] >= 0.8,
         },
     }
     if not args.json_only:

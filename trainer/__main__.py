@@ -30,12 +30,26 @@ def ensure_inter_op_threads() -> None:
         os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(MIN_INTER_OP_THREADS))
 
 
+def use_pooling_cpu_allocator() -> None:
+    """TensorFlow's CPU allocator is malloc by default. The tensors a step
+    allocates (activations, parameters received from a ps, gradients to
+    send: 3 to 13 MB for the CNN) are large enough for glibc to serve each
+    with a fresh mmap, so every step pays a page fault per 4 KiB on first
+    touch. Measured on an async worker: 27 % of its CPU time in the kernel,
+    and async with one worker at 0.7x the speed of ``single``. TensorFlow's
+    BFC allocator keeps freed memory for reuse (it never hands it back to
+    the OS: a task holds its peak, which a training task reaches every step
+    anyway). Before TensorFlow is imported; a value the user set wins."""
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     # TensorFlow's C++ INFO/WARNING chatter would drown the progress lines;
     # a user who wants it sets the variable.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     ensure_inter_op_threads()
+    use_pooling_cpu_allocator()
     try:
         is_chief = parse_tf_config(os.environ.get("TF_CONFIG")).is_chief
     except ClusterError:

@@ -38,6 +38,7 @@ class Config:
     average_every: int = 10
     steps_per_call: int = 10
     jit: bool = False
+    overlap: bool = False
     # Denoising autoencoders (dae, sdae).
     patch: int = 8
     stride: int = 4
@@ -141,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="XLA-compile the forward and backward pass",
     )
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="async: compute each step while the ps applies the previous one: hides the "
+        "update and the transfers where a worker has its own machine, but each worker's "
+        "gradients are one more update stale",
+    )
     ae = p.add_argument_group("denoising autoencoders (dae, sdae)")
     ae.add_argument("--patch", type=_positive_int, default=8, help="patch side in pixels")
     ae.add_argument("--stride", type=_positive_int, default=4, help="pixels between patches")
@@ -201,6 +210,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         average_every=args.average_every,
         steps_per_call=args.steps_per_call,
         jit=args.jit,
+        overlap=args.overlap,
         patch=args.patch,
         stride=args.stride,
         noise=args.noise,

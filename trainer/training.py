@@ -39,7 +39,7 @@ from trainer.outputs import (
     write_summary,
 )
 from trainer.progress import Progress
-from trainer.steps import train_calls
+from trainer.steps import CallResult, overlapped_calls, train_calls
 
 
 @dataclass
@@ -126,18 +126,7 @@ class Training:
         iterator = self.input_iterator(task, start, coordinator)
         train_strategy = tf.distribute.get_strategy() if self.mode == "average" else self.strategy
         runs = [
-            PhaseRun(
-                phase,
-                train_calls(
-                    train_strategy,
-                    phase,
-                    optimizer,
-                    state.model.variables,
-                    state.step,
-                    jit=config.jit,
-                    guard=self.mode == "async",
-                ),
-            )
+            PhaseRun(phase, self.calls(train_strategy, phase, optimizer, state))
             for phase, optimizer in zip(state.phases, state.optimizers, strict=True)
         ]
         average = (
@@ -223,6 +212,7 @@ class Training:
                 "model_settings": task.describe(),
                 "steps_per_call": config.steps_per_call,
                 "jit": config.jit,
+                **({"overlap": self.overlapped(self.strategy)} if self.mode == "async" else {}),
                 **({"average_every": config.average_every} if self.mode == "average" else {}),
                 "tf_version": tf.__version__,
                 "keras_version": keras.__version__,
@@ -244,6 +234,34 @@ class Training:
             # anything kept here would be deleted.
             _NEVER_RELEASED.append(iterator)
             collectives.leave_together(self.info)
+
+    def calls(
+        self,
+        strategy: tf.distribute.Strategy,
+        phase: Phase,
+        optimizer: keras.optimizers.Optimizer,
+        state: State,
+    ) -> Callable[[object, tf.Tensor, tf.Tensor], CallResult]:
+        """The phase's multi-step call: in async mode with one replica per
+        worker (and --overlap) overlapped with the ps's updates, else step by
+        step."""
+        config = self.config
+        if self.overlapped(strategy):
+            return overlapped_calls(
+                strategy, phase, optimizer, state.model.variables, state.step, jit=config.jit
+            )
+        return train_calls(
+            strategy,
+            phase,
+            optimizer,
+            state.model.variables,
+            state.step,
+            jit=config.jit,
+            guard=self.mode == "async",
+        )
+
+    def overlapped(self, strategy: tf.distribute.Strategy) -> bool:
+        return self.mode == "async" and self.config.overlap and strategy.num_replicas_in_sync == 1
 
     def total_steps(self, task: Task) -> int:
         if self.config.steps is not None:

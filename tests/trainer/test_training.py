@@ -142,14 +142,15 @@ def test_dae_denoises_held_out_images(start_job: StartJob, tmp_path: Path) -> No
     assert grid.shape[1] > grid.shape[0] > 150  # 3 rows (G, C, R) of 8 images
 
 
+@pytest.mark.parametrize("overlap", ["--no-overlap", "--overlap"])
 def test_sdae_pretrains_two_layers_then_finetunes_in_async_mode(
-    start_job: StartJob, tmp_path: Path
+    start_job: StartJob, tmp_path: Path, overlap: str
 ) -> None:
     output = tmp_path / "run"
     job = start_job(
         "async",
         ["--model", "sdae", "--steps", "600", "--steps-per-call", "25", "--log-every", "50",
-         "--checkpoint-every", "300", "--output-dir", str(output)],
+         "--checkpoint-every", "300", "--output-dir", str(output), overlap],
         ps=1,
     )  # fmt: skip
     events = finish(job)
@@ -161,7 +162,8 @@ def test_sdae_pretrains_two_layers_then_finetunes_in_async_mode(
         {"name": "pretrain-layer-2", "start": 150, "end": 300},
         {"name": "finetune", "start": 300, "end": 600},
     ]
-    # One worker: the guard stops every phase exactly at its end.
+    # One worker: the guard stops every phase exactly at its end, and every
+    # step of a phase is applied before the next phase starts.
     assert summary["optimizer_iterations"] == {
         "pretrain-layer-1": 150, "pretrain-layer-2": 150, "finetune": 300,
     }  # fmt: skip
@@ -227,19 +229,27 @@ def test_resume_continues_from_the_checkpointed_step(start_job: StartJob, tmp_pa
     assert fingerprint(second, "chief-0") == fingerprint(second, "worker-0")
 
 
-def test_async_job_of_one_cpu_tasks_does_not_hang(start_job: StartJob, tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", ["--no-overlap", "--overlap"])
+def test_async_job_of_one_cpu_tasks_does_not_hang(
+    start_job: StartJob, tmp_path: Path, overlap: str
+) -> None:
     # Every task pinned to one CPU, as on 1-vCPU VMs: TensorFlow's inter-op
     # pool would have one thread, and a blocking receive would hold it.
     output = tmp_path / "run"
     one_cpu = {min(os.sched_getaffinity(0))}
     job = start_job(
         "async",
-        ["--model", "cnn", "--steps", "20", "--log-every", "10", "--checkpoint-every", "0",
-         "--no-eval", "--output-dir", str(output)],
+        ["--model", "cnn", "--steps", "23", "--steps-per-call", "5", "--log-every", "10",
+         "--checkpoint-every", "0", "--no-eval", "--output-dir", str(output), overlap],
         workers=1,
         ps=1,
         cpus=dict.fromkeys(("ps-0", "worker-0", "chief-0"), one_cpu),
     )  # fmt: skip
     code = job.wait(180)
     assert code == 0, job.logs()
-    assert read_summary(output)["steps"] == 20
+    summary = read_summary(output)
+    assert summary["overlap"] is (overlap == "--overlap")
+    # One worker: every step counted was applied, exactly once, overlapped
+    # or not (the last call's final update included; 23 is no multiple of 5).
+    assert summary["steps"] == 23
+    assert summary["optimizer_iterations"] == {"train": 23}
