@@ -9,7 +9,11 @@ node image): does setup scale out, and is a no-change sync quick?
   CPUs / 4) whether it runs alone or with three others: four VMs each have
   their own CPUs, and without the cap the single node would borrow the
   cores that four nodes must share here, which measures this machine, not
-  setup. The install is a small wheelhouse of pure-Python wheels;
+  setup. The default share is this machine's CPUs / 5: the fifth left over
+  stands for the operator's own machine, where ``deploy.py`` and its ssh
+  and rsync clients run (with CPUs / 4, four busy nodes took every core and
+  the orchestrator's work came out of theirs, which no real cluster does).
+  The install is a small wheelhouse of pure-Python wheels;
   ``--full`` installs the real trainer requirements (TensorFlow) instead.
 * re-sync with nothing changed, on 4 nodes, with a fresh transport (as
   ``deploy.py train`` does it: new connections included): target <= 1 s;
@@ -163,8 +167,8 @@ def main() -> int:
     parser.add_argument(
         "--node-cpus",
         type=float,
-        default=max(0.25, (os.cpu_count() or 1) / 4),
-        help="CPUs of each node container (default: this machine's CPUs / 4)",
+        default=max(0.25, (os.cpu_count() or 1) / 5),
+        help="CPUs of each node container (default: this machine's CPUs / 5)",
     )
     args = parser.parse_args()
     if (

@@ -245,10 +245,10 @@ def main() -> int:
         },
     }
     if not args.json_only:
-        print(f"{'set-up':<22}{'examples/s':>12}{'vs keras fit':>14}{'vs single':>11}")
+        print(f"{'set-up':<27}{'examples/s':>12}{'vs keras fit':>14}{'vs single':>11}")
         for key, entry in results.items():
             print(
-                f"{key:<22}{entry['examples_per_sec']:>12.0f}"
+                f"{key:<27}{entry['examples_per_sec']:>12.0f}"
                 f"{entry['vs_keras_fit']:>13.2f}x{entry['vs_single']:>10.2f}x"
             )
     print(json.dumps(report, indent=None if args.json_only else 2))
