@@ -66,6 +66,12 @@ def gradient_fn(phase: Phase, variables: Sequence[keras.Variable], jit: bool) ->
     return tf.function(forward_backward, jit_compile=True) if jit else forward_backward
 
 
+def read_values(variables: Sequence[keras.Variable]) -> list[tf.Tensor]:
+    """The variables' current values, from wherever they live (a ps, a
+    mirrored replica, this process)."""
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
 def replica_step(
     phase: Phase,
     optimizer: keras.optimizers.Optimizer,
@@ -77,7 +83,7 @@ def replica_step(
     compute = gradient_fn(phase, variables, jit)
 
     def step_fn(batch: Batch) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        values = [tf.convert_to_tensor(v) for v in variables]
+        values = read_values(variables)
         loss, grads, metrics = compute(values, batch)
         optimizer.apply(grads, phase.variables)
         step.assign_add(1)
@@ -168,7 +174,7 @@ def overlapped_calls(
         return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], structure)
 
     def read() -> list[tf.Tensor]:
-        return [tf.convert_to_tensor(v) for v in variables]
+        return read_values(variables)
 
     def apply(grads: list[tf.Tensor]) -> None:
         # Gradients carried through the loop have lost their device, which
