@@ -21,7 +21,16 @@ from infra.transport import NodeLayout
 # Every command starts in the login's home; relative layout paths are from
 # there. H pins it (exported: the tasks' inner shells use it too), so a later
 # `cd` cannot change what they mean.
-_PRELUDE = 'export H="$PWD"'
+# A pid file outlives a reboot (`stop` then `start` of the nodes), and its
+# pid may then belong to another process: a task is alive only while that
+# pid still runs the trainer (the task's bash -c line names it).
+_PRELUDE = "\n".join(
+    [
+        'export H="$PWD"',
+        "task_alive() { [ -n \"$1\" ] && kill -0 \"$1\" 2>/dev/null && "
+        "grep -aqs -- '-m trainer' \"/proc/$1/cmdline\"; }",
+    ]
+)
 
 
 def path(p: str) -> str:
@@ -57,7 +66,7 @@ def start_task(
         [
             _PRELUDE,
             f"mkdir -p {path(layout.logs)}",
-            f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then',
+            f'if [ -f {pid} ] && task_alive "$(cat {pid})"; then',
             f"  echo 'already running {task}' >&2; exit 3",
             "fi",
             f"rm -f {exit_file}",
@@ -81,7 +90,7 @@ def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> 
         checks.append(
             f"s=timeout; while [ $SECONDS -lt {int(timeout) + 1} ]; do "
             f"if (echo > /dev/tcp/127.0.0.1/{port}) 2>/dev/null; then s=ready; break; fi; "
-            f'if ! kill -0 "$(cat {pid} 2>/dev/null)" 2>/dev/null; then s=dead; break; fi; '
+            f'if ! task_alive "$(cat {pid} 2>/dev/null)"; then s=dead; break; fi; '
             f"sleep 0.3; done; echo $s {task}"
         )
     return "\n".join([_PRELUDE, "SECONDS=0", *checks])
@@ -94,7 +103,7 @@ def task_status(layout: NodeLayout, tasks: Sequence[str]) -> str:
         _, pid, exit_file = _files(layout, task)
         lines.append(
             f"p=$(cat {pid} 2>/dev/null || echo -); "
-            f'if [ "$p" != - ] && kill -0 "$p" 2>/dev/null; then a=1; else a=0; fi; '
+            f'if [ "$p" != - ] && task_alive "$p"; then a=1; else a=0; fi; '
             f"e=$(cat {exit_file} 2>/dev/null || echo -); echo {task} $p $a $e"
         )
     return "\n".join(lines)
@@ -108,7 +117,7 @@ def stop_tasks(layout: NodeLayout, tasks: Sequence[str], grace: float = 10.0) ->
         _, pid, _ = _files(layout, task)
         lines.append(
             f"p=$(cat {pid} 2>/dev/null); "
-            f'if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
+            f'if task_alive "$p"; then '
             f'kill -TERM -- -"$p" 2>/dev/null || kill -TERM "$p"; pids="$pids $p"; '
             f"echo stopped {task}; fi"
         )
