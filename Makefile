@@ -26,10 +26,11 @@ help:
 	@echo "make bench  - benchmarks (bench/*.py): ratios measured in one run"
 	@echo "make cluster-image | cluster-up | cluster-down - the docker-compose cluster"
 
-$(STAMP): pyproject.toml trainer/requirements.txt requirements-dev.txt
+# constraints.txt: the exact versions CI tests (pyproject.toml has ranges).
+$(STAMP): pyproject.toml trainer/requirements.txt requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[trainer,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[trainer,dev]'
 	touch $@
 
 venv: $(STAMP)
@@ -46,7 +47,7 @@ e2e: $(STAMP)
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check infra trainer deploy.py tests bench
+	$(VENV)/bin/ruff check infra trainer tfcluster_cli deploy.py tests bench examples scripts
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -11,81 +11,61 @@ traceback to a file whose path is printed.
 from __future__ import annotations
 
 import json
-import logging
 import os
+import signal
 import sys
+import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
-from infra.cluster import Cluster, NodeView
+from infra.cluster import Cluster
 from infra.config import ClusterConfig, default_config, load_config
-from infra.errors import ConfigError, Interrupted, JobFailed, TfclusterError
-from infra.progress import ProgressEvent, describe, summary_text
-from infra.state import tfcluster_home
-
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
-
-EXIT_BUG = 70  # EX_SOFTWARE: not the user's fault; the debug log says why
-
-
-class TfclusterGroup(click.Group):
-    """Turns expected errors into one red line and their exit code."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except TfclusterError as exc:
-            _fail(exc)
-        except KeyboardInterrupt:
-            _fail(Interrupted("interrupted"))
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise
-        except Exception:
-            log_path = _write_debug_log()
-            err_console.print(
-                f"[red]error: unexpected failure (a bug in tfcluster); details in {log_path}[/]"
-            )
-            ctx.exit(EXIT_BUG)
-
-
-def _fail(exc: TfclusterError) -> None:
-    err_console.print(f"[red]error: {exc}[/]", soft_wrap=True)
-    if exc.hint:
-        err_console.print(f"[dim]hint: {exc.hint}[/]", soft_wrap=True)
-    raise click.exceptions.Exit(exc.exit_code)
-
-
-def _write_debug_log() -> Path:
-    path = tfcluster_home() / "debug.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
-        out.write(traceback.format_exc())
-    return path
-
-
-def _setup_logging(verbose: bool) -> None:
-    logger = logging.getLogger("tfcluster")
-    logger.handlers[:] = [
-        RichHandler(console=err_console, show_time=False, show_path=False, markup=False)
-    ]
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
-    logger.propagate = False
-
+from infra.errors import ConfigError, JobFailed
+from infra.progress import describe, parse_line
+from infra.text import node_text
+from tfcluster_cli.consoles import console, err_console, setup_logging
+from tfcluster_cli.group import TfclusterGroup
+from tfcluster_cli.options import (
+    duration_option,
+    env_option,
+    job_option,
+    recover_option,
+    workdir_option,
+)
+from tfcluster_cli.progress_view import Null, SweepView, TrainView
+from tfcluster_cli.render import (
+    print_job_outcome,
+    print_run_comparison,
+    print_status,
+    print_sweep_report,
+    print_up_plan,
+)
+from trainer import catalog
+from trainer.progress import process_age
 
 pass_cluster = click.make_pass_decorator(Cluster)
 
 
+def _version() -> str:
+    """The installed tfcluster's version (pyproject's, once `pip install -e .`
+    or `make` ran); a bare checkout run without installing says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tfcluster")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 @click.group(cls=TfclusterGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    _version(), "--version", "-V", prog_name="tfcluster", message="%(prog)s %(version)s"
+)
 @click.option(
     "--config",
     "-c",
@@ -98,9 +78,10 @@ pass_cluster = click.make_pass_decorator(Cluster)
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
     """Distributed TensorFlow on a few machines: up, train, status, down."""
-    _setup_logging(verbose)
+    setup_logging(verbose)
     config: ClusterConfig = load_config(config_path) if config_path else default_config()
     ctx.obj = Cluster(config)
+    ctx.obj.started = _STARTED
 
 
 # -- lifecycle -------------------------------------------------------------------
@@ -109,92 +90,64 @@ def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
 @cli.command()
 @click.option("--skip-setup", is_flag=True, help="Provision only; no install or sync.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option(
+    "--autostop",
+    "autostop_text",
+    metavar="DURATION",
+    help="Stop the nodes once no job has run for this long (45s, 30m, 2h, off); "
+    "instead of cluster.yaml's autostop.",
+)
 @pass_cluster
-def up(cluster: Cluster, skip_setup: bool, dry_run: bool) -> None:
+def up(cluster: Cluster, skip_setup: bool, dry_run: bool, autostop_text: str | None) -> None:
     """Create or start the nodes, then install TensorFlow and sync the code."""
-    plan = cluster.plan_up()
+    after = duration_option("--autostop", autostop_text) if autostop_text is not None else None
+    cluster.check_autostop(after if autostop_text is not None else cluster.config.autostop)
+    plan = cluster.plan_up(dry_run=dry_run)
     config = cluster.config
     if dry_run:
-        console.print(f"plan for {config.name} ({config.provider}):")
-        for line in plan.lines():
-            console.print(f"  {line}")
-        if not skip_setup and config.provider != "local":
-            console.print("  setup   install + sync on every node")
+        print_up_plan(cluster, plan, skip_setup)
         return
     if plan.changes:
         for line in plan.lines():
             if not line.startswith(("keep", "ensure")):
-                console.print(f"[cyan]{line}[/]")
-    with console.status("bringing the cluster up...") if console.is_terminal else _Null():
+                console.print(node_text(line), style="cyan", markup=False)
+    with console.status("bringing the cluster up...") if console.is_terminal else Null():
         nodes, report = cluster.up(
             plan,
             setup=not skip_setup,
-            on_setup_event=lambda node, what: console.print(f"  {node}: {what}"),
+            autostop="off" if autostop_text is not None and after is None else after,
+            on_setup_event=lambda node, what: console.print(
+                f"  {node}: {node_text(what)}", markup=False
+            ),
         )
     if report is not None:
-        for line in _report_lines(report):
-            console.print(f"  {line}")
-    if not plan.changes and (report is None or not getattr(report, "changed", True)):
-        console.print(f"{config.name}: all {len(nodes)} nodes already up; nothing to do")
+        for line in report.lines():
+            console.print(f"  {node_text(line)}", markup=False)
+    if not plan.changes and (report is None or not report.changed):
+        console.print(
+            f"{config.name}: all {len(nodes)} nodes already up; nothing to do", markup=False
+        )
     else:
-        console.print(f"[green]{config.name} is up[/]: {len(nodes)} nodes running")
-    _print_status(cluster)
-
-
-def _report_lines(report: Any) -> list[str]:
-    lines = getattr(report, "lines", None)
-    return list(lines()) if callable(lines) else [str(report)]
+        console.print(f"[green]{escape(config.name)} is up[/]: {len(nodes)} nodes running")
+    print_status(cluster)
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--gpus",
+    "all_gpus",
+    is_flag=True,
+    help="Ask every running node for its GPUs (nodes with an accelerator always are).",
+)
 @pass_cluster
-def status(cluster: Cluster, as_json: bool) -> None:
-    """The nodes, their state and addresses, and the cost per hour."""
+def status(cluster: Cluster, as_json: bool, all_gpus: bool) -> None:
+    """The nodes, their state and addresses, their GPUs, and the cost per hour."""
     if as_json:
-        views, _ = cluster.status()
+        views, _ = cluster.status(all_gpus=all_gpus)
         click.echo(json.dumps([v.as_dict() for v in views], indent=2))
         return
-    _print_status(cluster)
-
-
-def _print_status(cluster: Cluster) -> None:
-    views, cost = cluster.status()
-    config = cluster.config
-    table = Table(title=f"{config.name} ({config.provider})", title_justify="left")
-    for column in ("node", "status", "roles", "zone", "internal ip", "external ip", "machine"):
-        table.add_column(column)
-    for v in views:
-        table.add_row(
-            v.name + ("" if v.declared else " (not in config)"),
-            _colour_status(v),
-            ",".join(v.roles) or "-",
-            v.zone or "-",
-            v.internal_ip or "-",
-            v.external_ip or "-",
-            _machine(v),
-        )
-    console.print(table)
-    if cost is not None:
-        console.print(f"estimated cost now: ${cost:.3f}/hour")
-    job = cluster.last_job()
-    if job is not None:
-        state = "running or detached" if job.exit_code is None else f"exit code {job.exit_code}"
-        console.print(f"last job: {job.run_id} ({state})")
-
-
-def _colour_status(v: NodeView) -> str:
-    colour = {"running": "green", "stopped": "yellow", "absent": "dim"}.get(v.state, "cyan")
-    return f"[{colour}]{v.status}[/]"
-
-
-def _machine(v: NodeView) -> str:
-    text = v.machine_type or "-"
-    if v.accelerators:
-        text += f" + {v.accelerators}"
-    if v.preemptible:
-        text += " (spot)"
-    return text
+    print_status(cluster, all_gpus=all_gpus)
 
 
 @cli.command()
@@ -203,10 +156,10 @@ def stop(cluster: Cluster) -> None:
     """Stop the nodes: no compute cost, disks kept."""
     stopped = cluster.stop()
     if stopped:
-        console.print(f"[green]stopped[/] {', '.join(stopped)}")
+        console.print(f"[green]stopped[/] {escape(node_text(', '.join(stopped)))}")
     else:
         console.print("nothing running; nothing to stop")
-    _print_status(cluster)
+    print_status(cluster)
 
 
 @cli.command()
@@ -214,45 +167,93 @@ def stop(cluster: Cluster) -> None:
 def start(cluster: Cluster) -> None:
     """Start stopped nodes (their external IPs change)."""
     nodes = cluster.start()
-    console.print(f"[green]running[/]: {', '.join(n.name for n in nodes)}")
-    _print_status(cluster)
+    console.print(f"[green]running[/]: {escape(node_text(', '.join(n.name for n in nodes)))}")
+    print_status(cluster)
+
+
+# `down` answered "n": nothing was changed, and a script that runs `down`
+# without --yes can tell that from success.
+EXIT_CANCELLED = 1
+
+
+@cli.command("autostop")
+@click.argument("duration", metavar="DURATION|off")
+@pass_cluster
+def autostop_(cluster: Cluster, duration: str) -> None:
+    """Stop every node once no job task has run on it for DURATION (45s,
+    30m, 2h), or `off`. The nodes stop themselves (a guest shutdown: GCE
+    keeps the disks and bills no compute); `start` brings them back."""
+    after = duration_option("autostop", duration)
+    nodes = cluster.set_autostop(after)
+    from infra.autostop import format_duration
+
+    what = f"stop after {format_duration(after)} idle" if after else "off"
+    console.print(f"autostop {what} on {', '.join(nodes)}", markup=False, soft_wrap=True)
 
 
 @cli.command()
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
+@click.option("--dry-run", is_flag=True, help="Print what down would do; change nothing.")
 @pass_cluster
 def down(cluster: Cluster, yes: bool, dry_run: bool) -> None:
-    """Delete every node and the firewall rules: nothing left to pay for."""
+    """Take the cluster down: gce and local delete every node and firewall
+    rule (nothing left to pay for); ssh stops tfcluster's tasks and leaves
+    the hosts as they are. Answering "n" changes nothing (exit 1)."""
     plan = cluster.plan_down()
+    provider = cluster.provider
     if not plan.delete and not plan.shared:
-        console.print("nothing to delete")
+        console.print(f"nothing to {provider.down_verb}", markup=False)
         return
-    console.print(f"{'plan' if dry_run else 'will delete'} for {cluster.config.name}:")
-    for line in plan.lines():
-        console.print(f"  {line}")
+    console.print(f"down plan for {cluster.config.name}:", markup=False)
+    for line in plan.lines(provider.down_verb):
+        console.print(f"  {node_text(line)}", markup=False, soft_wrap=True)
     if dry_run:
         return
-    if not yes and not click.confirm("delete these, with their disks?", default=False):
-        raise click.exceptions.Exit(1)
+    if not yes and not click.confirm(provider.down_question, default=False):
+        console.print("cancelled: nothing changed", markup=False)
+        raise click.exceptions.Exit(EXIT_CANCELLED)
     cluster.down(plan)
-    console.print(f"[green]deleted[/] {cluster.config.name}: nothing left running or billed")
+    console.print(
+        provider.down_done.format(name=cluster.config.name),
+        style="green",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 # -- jobs ------------------------------------------------------------------------
 
+# infra/recovery.py: on by default where a node is a Spot VM.
 
-@cli.command()
-@click.option("--model", type=click.Choice(["cnn", "convnet", "dae", "sdae"]))
-@click.option("--mode", type=click.Choice(["async", "sync", "average", "single"]))
-@click.option("--steps", type=click.IntRange(min=1))
-@click.option("--batch-size", type=click.IntRange(min=1))
-@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True))
-@click.option("--checkpoint-every", type=click.IntRange(min=1))
-@click.option("--data-dir", help="MNIST folder on the nodes.")
+
+@cli.command(
+    epilog="""\b
+Examples:
+  deploy.py train --steps 200
+  deploy.py train -- --epochs 1                        # trainer flags after --
+  deploy.py train --mode average -- --average-every 5""",
+)
+@job_option("--model", "model", type=click.Choice(catalog.MODELS))
+@job_option("--mode", "mode", type=click.Choice(catalog.MODE_NAMES))
+@job_option("--steps", "steps", type=click.IntRange(min=1))
+@job_option("--batch-size", "batch_size", type=click.IntRange(min=1))
+@job_option("--learning-rate", "learning_rate", type=click.FloatRange(min=0, min_open=True))
+@job_option("--checkpoint-every", "checkpoint_every", type=click.IntRange(min=1))
+@job_option("--data-dir", "data_dir", help="MNIST folder on the nodes.")
 @click.option("--resume", is_flag=True, help="Continue the last job from its checkpoint.")
 @click.option("--detach", is_flag=True, help="Start the job and return at once.")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), help="Where results go.")
+@click.option(
+    "--sweep",
+    "sweep_params",
+    multiple=True,
+    metavar="FLAG=V1,V2,...",
+    help="A sweep instead of one job: one single-process trial per combination of "
+    "trainer flag values (repeatable), e.g. --sweep learning_rate=1e-3,1e-4.",
+)
+@click.option("--trials", type=click.IntRange(min=1), help="--sweep: the first N points only.")
+@click.option("--per-node", type=click.IntRange(min=1), help="--sweep: trials at once per node.")
+@recover_option
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
 def train(
@@ -260,126 +261,163 @@ def train(
     resume: bool,
     detach: bool,
     dest: Path | None,
+    sweep_params: tuple[str, ...],
+    trials: int | None,
+    per_node: int | None,
+    no_recover: bool,
     trainer_args: tuple[str, ...],
     **overrides: Any,
 ) -> None:
-    """Run a training job: ps and workers, then the chief; stream its
+    """Run the built-in trainer: ps and workers, then the chief; stream its
     progress; bring the results home. Extra arguments after -- go to the
-    trainer as they are."""
+    trainer as they are (`python -m trainer --help` lists them). With
+    --sweep, a sweep of single-process trainings instead (see `sweep`)."""
     if trainer_args:
         overrides["extra_args"] = tuple(cluster.config.job.args) + trainer_args
-    spec = cluster.job_spec(resume=resume, **overrides)
-    view = _TrainView(detach)
-    job = cluster.prepare_job(spec, on_event=view.event, on_log=view.log)
-    destination = cluster.local_run_dir(spec.run_id, dest)
-    console.print(
-        f"job {spec.run_id}: {spec.model}, {spec.mode}, "
-        + ", ".join(f"{t.name}@{t.node}" for t in job.tasks)
-    )
-    if detach:
-        job.start()
-        cluster.remember(job)
-        console.print(
-            "[green]started[/]; follow with `deploy.py logs --follow`, "
-            "bring results home with `deploy.py fetch`"
-        )
+    if sweep_params or trials or per_node:
+        _train_sweep(cluster, sweep_params, trials, per_node or 1, resume, detach, dest, overrides)
         return
-    cluster.remember(job)
-    with view:
-        code = job.run(destination)
-    cluster.remember(job, exit_code=code)
-    if code != 0:
+    view = TrainView(detach)
+    result = cluster.train(
+        resume=resume, detach=detach, dest=dest, recover=not no_recover, reporter=view,
+        **overrides,
+    )  # fmt: skip
+    print_job_outcome(result)
+
+
+# `run` and `exec`: where COMMAND runs, synced to the nodes first.
+
+
+@cli.command(
+    context_settings={"allow_interspersed_args": False},
+    epilog="""\b
+Examples:
+  deploy.py run -- python train.py --epochs 3
+  deploy.py run --no-ps --env BATCH=256 -- python collective.py
+  deploy.py --config cluster.yaml run --detach -- python -m mypkg.train""",
+)
+@click.option(
+    "--no-ps",
+    is_flag=True,
+    help="A collective program (MultiWorkerMirroredStrategy): TF_CONFIG names the chief "
+    "and the workers only, and no ps task is started.",
+)
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An environment variable for every task (repeatable; beside cluster.yaml's job.env).",
+)
+@workdir_option
+@click.option("--detach", is_flag=True, help="Start the job and return at once.")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the chief's TFCLUSTER_RUN_DIR comes home (default runs/<cluster>/<run id>).",
+)
+@recover_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_cluster
+def run(
+    cluster: Cluster,
+    no_ps: bool,
+    env_pairs: tuple[str, ...],
+    workdir: Path | None,
+    detach: bool,
+    dest: Path | None,
+    no_recover: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run your own TensorFlow program COMMAND as a distributed job.
+
+    One process per task of cluster.yaml's roles (ps, workers, chief), each
+    started in the synced working folder with TF_CONFIG for its task (what
+    tf.distribute's TFConfigClusterResolver reads), TFCLUSTER_RUN_DIR (an
+    output folder; the chief's comes home at the end), TFCLUSTER_RUN_ID,
+    TFCLUSTER_TASK (e.g. worker-1) and `python` on PATH with TensorFlow. A
+    requirements.txt in the working folder is installed on the nodes.
+
+    The ps and worker tasks start first; the chief starts once each of them
+    listens on its TF_CONFIG port (as tf.distribute.Server and
+    MultiWorkerMirroredStrategy do), within 240 s. COMMAND runs as it is,
+    not through a shell (for pipes or `&&`, run `bash -c '...'`). The job
+    ends when the chief's process ends; the other tasks are then stopped,
+    and `run` exits with the chief's exit code.
+    """
+    env = env_option(env_pairs)
+    view = TrainView(detach, echo=True)
+    result = cluster.run_program(
+        command, ps=not no_ps, env=env, workdir=workdir, detach=detach, dest=dest,
+        recover=not no_recover, reporter=view,
+    )  # fmt: skip
+    print_job_outcome(result)
+
+
+@cli.command("exec", context_settings={"allow_interspersed_args": False})
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="NODE",
+    help="Only this node (repeatable); default every running node.",
+)
+@workdir_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_cluster
+def exec_(
+    cluster: Cluster, nodes: tuple[str, ...], workdir: Path | None, command: tuple[str, ...]
+) -> None:
+    """Run COMMAND on every node (or the --node ones) in the working folder,
+    e.g. `exec -- nvidia-smi`, `exec -- pip list`. Output lines are prefixed
+    with the node's name; exits 0 only if COMMAND succeeded everywhere."""
+    folder = cluster.workdir(workdir)
+    lock = threading.Lock()
+
+    def show(node: str, line: str) -> None:
+        with lock:
+            console.print(f"{node} | {line}", markup=False, highlight=False, soft_wrap=True)
+
+    codes = cluster.exec(command, list(nodes) or None, workdir=folder, on_line=show)
+    failed = {node: code for node, code in codes.items() if code != 0}
+    if failed:
         raise JobFailed(
-            f"the chief exited with code {code}"
-            + (f" (results so far in {destination})" if destination.exists() else ""),
-            exit_code=code,
-            hint="`deploy.py logs` shows every task's log",
+            f"failed on {len(failed)} of {len(codes)} node(s): "
+            + ", ".join(f"{node} exit {code}" for node, code in failed.items()),
+            exit_code=next(iter(failed.values())),
         )
-    # The chief's "done" event was shown as it came; say it only if it got lost.
-    summary = None if job.summary else _read_summary(destination)
-    if summary:
-        console.print(f"[green]done[/]: {summary_text(summary)}")
-    console.print(f"results: {destination}")
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _TrainView:
-    """Renders the chief's events: a live bar on a terminal, lines otherwise."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.progress: Progress | None = None
-        self.task_id: Any = None
-
-    def __enter__(self) -> _TrainView:
-        if console.is_terminal and not self.quiet:
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total} steps"),
-                TextColumn("{task.fields[detail]}"),
-                TimeRemainingColumn(),
-                console=console,
-            )
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def event(self, event: ProgressEvent) -> None:
-        if self.progress is None:
-            console.print(describe(event))
-            return
-        if event.kind == "start":
-            self.task_id = self.progress.add_task(
-                "training", total=event.get("total_steps") or None, detail=""
-            )
-            self.progress.console.print(describe(event))
-        elif event.kind == "progress" and self.task_id is not None:
-            metrics = event.get("metrics") or {}
-            detail = f"loss {event.get('loss', 0):.4f} " + " ".join(
-                f"{k} {v:.3f}" for k, v in metrics.items() if isinstance(v, int | float)
-            )
-            detail += f" {event.get('examples_per_sec', 0):.0f} ex/s"
-            self.progress.update(self.task_id, completed=event.get("step", 0), detail=detail)
-        elif event.kind != "progress":
-            self.progress.console.print(describe(event))
-
-    def log(self, line: str) -> None:
-        # The chief's own log lines are in `deploy.py logs`; show errors here.
-        if "Error" in line or "error:" in line or "Traceback" in line:
-            (self.progress.console if self.progress else err_console).print(
-                f"[dim]chief: {line}[/]", markup=True, soft_wrap=True
-            )
+@cli.command()
+@pass_cluster
+def cancel(cluster: Cluster) -> None:
+    """Stop every task of the running job on purpose."""
+    record, stopped = cluster.cancel()
+    if stopped:
+        console.print(
+            f"cancelled {record.run_id}: stopped {node_text(', '.join(stopped))}", markup=False
+        )
+    else:
+        console.print(f"{record.run_id}: no task was running; nothing to stop", markup=False)
 
 
 @cli.command()
 @click.argument("node", required=False)
 @click.option("--follow", "-f", is_flag=True, help="Keep following until Ctrl-C.")
 @click.option("--lines", "-n", default=50, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--raw", is_flag=True, help="The chief's progress events as written (@tfcluster {json})."
+)
 @pass_cluster
-def logs(cluster: Cluster, node: str | None, follow: bool, lines: int) -> None:
-    """Task logs of every node (or one), each line prefixed with node/task."""
+def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool) -> None:
+    """Task logs of every node (or one), each line prefixed with node/task.
+    The chief's progress events are shown as sentences (`--raw`: as JSON).
+    Before any job, or with no node running: one line saying so, exit 3."""
 
     def show(node_name: str, task: str, line: str) -> None:
-        console.print(f"[cyan]{node_name}/{task}[/] {line}", markup=True, soft_wrap=True)
+        event = None if raw else parse_line(line)
+        text = line if event is None else describe(event)
+        console.print(Text.assemble((f"{node_name}/{task}", "cyan"), " ", text), soft_wrap=True)
 
     try:
         cluster.logs(node, lines=lines, follow=follow, on_line=show)
@@ -388,17 +426,46 @@ def logs(cluster: Cluster, node: str | None, follow: bool, lines: int) -> None:
 
 
 @cli.command()
+@click.argument("run_id", metavar="[RUN]", required=False)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=6006,
+    show_default=True,
+    help="The local port of the tunnel (taken or 0: any free one).",
+)
+@pass_cluster
+def tensorboard(cluster: Cluster, run_id: str | None, port: int) -> None:
+    """TensorBoard on a job's run folder (default: the last job's), also
+    while it trains: it runs on the chief's node, reached through an SSH
+    tunnel to a port here (local cluster: directly). The URL is printed;
+    Ctrl-C closes it and stops it on the node."""
+    # A closed terminal stops it too: nothing else would (a job, by
+    # contrast, is recorded, and goes on for `logs` and `fetch`).
+    _interrupted_by(signal.SIGHUP)
+
+    def starting(node: str) -> None:
+        console.print(f"starting TensorBoard on {node}...", markup=False)
+
+    with cluster.tensorboard(run_id, local_port=port, on_starting=starting) as (board, wait):
+        console.print(
+            f"TensorBoard for {board.node}:{board.logdir} at {board.url} (Ctrl-C closes it)",
+            markup=False,
+            soft_wrap=True,
+        )
+        try:
+            wait()
+        except KeyboardInterrupt:
+            console.print("closed TensorBoard", markup=False)
+
+
+@cli.command()
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), help="Where to put it.")
 @pass_cluster
 def fetch(cluster: Cluster, dest: Path | None) -> None:
     """Bring the last job's run folder home (metrics, summary, plots, checkpoints)."""
-    record = cluster.last_job()
-    if record is None:
-        raise ConfigError("no job to fetch yet: run `deploy.py train` first")
-    job = cluster.attach(record)
-    destination = cluster.local_run_dir(record.run_id, dest)
-    job.fetch(destination)
-    console.print(f"fetched {record.run_id} to {destination}")
+    record, destination = cluster.fetch(dest)
+    console.print(f"fetched {record.run_id} to {destination}", markup=False)
 
 
 @cli.command()
@@ -406,14 +473,11 @@ def fetch(cluster: Cluster, dest: Path | None) -> None:
 @pass_cluster
 def ssh(cluster: Cluster, node: str) -> None:
     """Open a shell on NODE."""
-    nodes = cluster.log_nodes(node)
-    with cluster.provider.transport(nodes) as transport:
-        interactive = getattr(transport, "interactive", None)
-        if interactive is None:
-            home = cluster.state.dir / "nodes" / node
-            console.print(f"{node} is a local folder: {home}")
-            return
-        raise click.exceptions.Exit(interactive(node))
+    shell = cluster.shell(node)
+    if shell.folder is not None:
+        console.print(f"{node} is a local folder: {shell.folder}", markup=False)
+        return
+    raise click.exceptions.Exit(shell.exit_code)
 
 
 @cli.command()
@@ -421,15 +485,22 @@ def ssh(cluster: Cluster, node: str) -> None:
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("report.png"),
-    show_default=True,
-    help="Where the speedup / time-to-accuracy plot goes.",
+    help="Where the speedup / time-to-accuracy plot goes (default report.png; for a "
+    "sweep folder, report.png inside it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable rows.")
-def report(run_dirs: tuple[str, ...], plot: Path, as_json: bool) -> None:
-    """Compare runs: training time, examples/s, speedup vs 1 worker, accuracy or PSNR."""
+@click.option("--metric", help="A sweep's metric to rank the trials by (default test accuracy).")
+def report(run_dirs: tuple[str, ...], plot: Path | None, as_json: bool, metric: str | None) -> None:
+    """Compare runs: training time, examples/s, speedup vs 1 worker, accuracy or PSNR.
+    Given a sweep folder: its trials, the best one marked, and the metric
+    against each parameter."""
     from infra.report import ReportError, compute_rows, load_runs, write_plot
+    from infra.sweep_report import is_sweep
 
+    if len(run_dirs) == 1 and is_sweep(run_dirs[0]):
+        print_sweep_report(Path(run_dirs[0]), plot, as_json, metric)
+        return
+    plot = plot or Path("report.png")
     try:
         runs = load_runs(run_dirs)
     except ReportError as exc:
@@ -439,24 +510,143 @@ def report(run_dirs: tuple[str, ...], plot: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
         return
-    table = Table(title="training time, compared", title_justify="left")
-    for column in ("run", "model", "mode", "workers", "steps", "seconds", "ex/s", "speedup"):
-        table.add_column(column)
-    table.add_column("result")
-    for r in rows:
-        table.add_row(
-            r.run,
-            r.model,
-            r.mode,
-            str(r.workers),
-            str(r.steps),
-            f"{r.training_seconds:.1f}",
-            f"{r.examples_per_sec:.0f}",
-            f"{r.speedup:.2f}x" if r.speedup is not None else "-",
-            f"{r.metric} {r.value:.4f}" if r.metric and r.value is not None else "-",
+    print_run_comparison(runs, rows, plot)
+
+
+# -- sweeps ----------------------------------------------------------------------
+
+
+@cli.command(
+    context_settings={"allow_interspersed_args": False},
+    epilog="""\b
+Examples:
+  deploy.py sweep --param lr=0.1,0.01 --param batch=32,64 -- python train.py --lr {lr}
+  deploy.py sweep --param seed=1,2,3,4 --per-node 2 -- python train.py""",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="NAME=V1,V2,...",
+    help="A parameter and its values (repeatable): the trials are every combination. "
+    "Each trial gets NAME in upper case as a variable, and {NAME} in COMMAND replaced.",
+)
+@click.option("--trials", type=click.IntRange(min=1), help="Only the first N points of the grid.")
+@click.option(
+    "--per-node",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Trials at a time on each node (at most its CPUs).",
+)
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An environment variable for every trial (repeatable).",
+)
+@workdir_option
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the sweep folder goes (default runs/<cluster>/<sweep id>).",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_cluster
+def sweep(
+    cluster: Cluster,
+    params: tuple[str, ...],
+    trials: int | None,
+    per_node: int,
+    env_pairs: tuple[str, ...],
+    workdir: Path | None,
+    dest: Path | None,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND once per point of a parameter grid: independent trials,
+    each one process on one node (no TF_CONFIG), as many at a time as the
+    nodes times --per-node. Each trial gets TFCLUSTER_TRIAL, TFCLUSTER_RUN_DIR
+    (it comes home into runs/<cluster>/<sweep id>/trial-N) and its values.
+    A failing trial is reported and the others go on; Ctrl-C stops them all.
+    `deploy.py report SWEEP_FOLDER` compares the trials."""
+    from infra.sweep_spec import command_spec, parse_params
+
+    spec = command_spec(
+        command,
+        parse_params(params),
+        trials=trials,
+        env={**cluster.config.job.env, **env_option(env_pairs)},
+    )
+    _run_sweep(cluster, spec, per_node=per_node, dest=dest, workdir=cluster.workdir(workdir))
+
+
+def _run_sweep(
+    cluster: Cluster, spec: Any, *, per_node: int, dest: Path | None, workdir: Path | None
+) -> None:
+    """Run a sweep with a live table of its trials, then say how it went."""
+    from infra.sweep import run_sweep
+
+    # A closed terminal stops the trials too: no record of them is kept
+    # for `cancel` or `status` (a job, by contrast, goes on for `logs`).
+    _interrupted_by(signal.SIGHUP)
+    destination = cluster.local_run_dir(spec.sweep_id, dest)
+    view = SweepView(spec)
+    with view:
+        sweep_run = run_sweep(
+            cluster,
+            spec,
+            per_node=per_node,
+            dest=destination,
+            workdir=workdir,
+            on_change=view.change,
+            on_ready=view.ready,
         )
-    console.print(table)
-    console.print(f"plot: {plot}")
+    console.print(view.table(sweep_run.trials, final=True))
+    failed = [t for t in sweep_run.trials if t.state != "done"]
+    console.print(f"results: {destination}", markup=False, soft_wrap=True)
+    if failed:
+        raise JobFailed(
+            f"{len(failed)} of {len(sweep_run.trials)} trial(s) failed: "
+            + ", ".join(
+                f"{t.name} ({'exit ' + str(t.exit_code) if t.exit_code is not None else t.note})"
+                for t in failed
+            ),
+            exit_code=1,
+            hint="`deploy.py logs` shows each trial's log (trial-N)",
+        )
+    console.print(
+        f"[green]done[/]: {len(sweep_run.trials)} trial(s); "
+        f"compare them with `deploy.py report {escape(str(destination))}`"
+    )
+
+
+def _train_sweep(
+    cluster: Cluster,
+    sweep_params: tuple[str, ...],
+    trials: int | None,
+    per_node: int,
+    resume: bool,
+    detach: bool,
+    dest: Path | None,
+    overrides: dict[str, Any],
+) -> None:
+    from infra.sweep_spec import parse_params, trainer_spec
+
+    if not sweep_params:
+        raise ConfigError("--trials and --per-node go with --sweep FLAG=V1,V2,...")
+    if resume or detach:
+        raise ConfigError("--sweep runs to the end: no --resume or --detach with it")
+    if overrides.get("mode") not in (None, "single"):
+        raise ConfigError(
+            f"--mode {overrides['mode']}: each trial of a sweep is one process (mode single); "
+            "leave --mode out"
+        )
+    overrides["mode"] = "single"
+    params = parse_params(sweep_params, option="--sweep")
+    base = cluster.train_spec(**overrides).program.argv
+    spec = trainer_spec(base, params, trials=trials)
+    _run_sweep(cluster, spec, per_node=per_node, dest=dest, workdir=None)
 
 
 @cli.command("forget-host")
@@ -464,17 +654,55 @@ def report(run_dirs: tuple[str, ...], plot: Path, as_json: bool) -> None:
 @pass_cluster
 def forget_host(cluster: Cluster, node: str) -> None:
     """Forget NODE's pinned SSH host key (after you re-created it on purpose)."""
-    from infra.remote import forget_host as forget
+    cluster.forget_host(node)
+    console.print(
+        f"forgot the host key of {node}; the next connection pins the new one", markup=False
+    )
 
-    nodes = {n.name: n for n in cluster.nodes()}
-    if node not in nodes or not nodes[node].ssh_host:
-        raise ConfigError(f"{node} is not a node of {cluster.config.name} with an SSH address")
-    forget(cluster.state.known_hosts, nodes[node].ssh_host or "", nodes[node].ssh_port)
-    console.print(f"forgot the host key of {node}; the next connection pins the new one")
+
+# Shell completion answers to this variable whatever the program is called
+# (`tfcluster`, `deploy.py`, `./deploy.py`): click would otherwise derive it
+# from the name, and `_DEPLOY.PY_COMPLETE` cannot be set in a shell.
+COMPLETE_VAR = "_TFCLUSTER_COMPLETE"
+
+# When this process began (time.monotonic()), set where it is the command
+# line (main): a job's start-up counts from there, imports included.
+_STARTED: float | None = None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:
-    cli(prog_name=os.path.basename(sys.argv[0]) or "deploy.py")
+    global _STARTED
+    _STARTED = time.monotonic() - process_age()
+    # `kill` (SIGTERM) ends a command as Ctrl-C does: a sweep stops its
+    # trials (which no `cancel` knows of), TensorBoard is stopped, a
+    # followed job's tasks too. Where it is ignored, it stays ignored.
+    _interrupted_by(signal.SIGTERM)
+    for i, arg in enumerate(sys.argv[1:], 1):
+        # Bytes that are not UTF-8 arrive as surrogates (surrogateescape):
+        # the SSH library cannot send them, and stopped a sweep or a run
+        # with a traceback once the command was on its way to a node.
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            shown = arg.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            err_console.print(
+                f"error: argument {i} ({node_text(shown[:60])}) is not UTF-8 text; "
+                "write it as UTF-8 (check the terminal's locale)",
+                style="red", markup=False, soft_wrap=True,
+            )  # fmt: skip
+            sys.exit(ConfigError.exit_code)
+    cli(prog_name=os.path.basename(sys.argv[0]) or "deploy.py", complete_var=COMPLETE_VAR)
+
+
+def _interrupted_by(sig: signal.Signals) -> None:
+    # Only the main thread may set a handler (a test may run us in another).
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(sig) is signal.SIG_DFL:
+        signal.signal(sig, _interrupt)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ scale out? (Not a test: it prints what it measured.)
 
 Runs ``deploy.py up --skip-setup``, ``stop``, ``start`` and ``down --yes``
 in this process (click's CliRunner, the real google-cloud-compute client
-over HTTP) against the fake Compute API of tests/fake_gce, whose
-operations take fixed times like real ones: creating an instance
+over HTTP) against the fake Compute API of tests/fake_gce, run as a server
+process of its own (``python -m tests.fake_gce``: a benchmark imports
+nothing of tests/, and the client shares no interpreter with the server,
+as with the real API), whose operations take fixed times like real ones: creating an instance
 ``--create`` seconds (two thirds PROVISIONING, one third STAGING),
 stopping, starting and deleting their own. The provider's own settings are
 its defaults (polling, retries), as a user gets them.
@@ -26,9 +28,13 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +45,9 @@ import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from deploy import cli  # noqa: E402
-from tests.fake_gce import FakeGce, Latency  # noqa: E402
 
 TARGET = 1.15
+PROJECT = "bench-project"
 COMMANDS = (
     ("up", ["up", "--skip-setup"]),
     ("stop", ["stop"]),
@@ -68,7 +74,7 @@ def cluster_yaml(path: Path, endpoint: str, count: int) -> Path:
                 "roles": roles,
                 "job": job,
                 "gce": {
-                    "project": "bench-project",
+                    "project": PROJECT,
                     "zones": ["us-central1-a", "us-central1-b"],
                     "api_endpoint": endpoint,
                     "credentials": "anonymous",
@@ -80,20 +86,59 @@ def cluster_yaml(path: Path, endpoint: str, count: int) -> Path:
     return path
 
 
-def measure(count: int, latency: Latency, work: Path) -> dict[str, float]:
+@contextmanager
+def fake_gce(latency: dict[str, float]) -> Iterator[str]:
+    """A fresh fake Compute API in a process of its own; its endpoint.
+    Closing its standard input stops it."""
+    flags = [f"--{state}={seconds}" for state, seconds in latency.items()]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_gce", "--wait-max=30", *flags],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("endpoint "):
+            raise SystemExit(f"bench/up.py: the fake Compute API did not start: {line!r}")
+        yield line.split()[1]
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def leftovers(endpoint: str) -> list[str]:
+    """Instances and firewall rules (GCE's default-allow-* aside) that
+    exist in the fake's project, as its API lists them."""
+    base = f"{endpoint}/compute/v1/projects/{PROJECT}"
+
+    def get(path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(base + path, timeout=30) as response:
+            return dict(json.load(response))
+
+    zones = get("/aggregated/instances").get("items", {}).values()
+    names = [i["name"] for zone in zones for i in zone.get("instances", [])]
+    rules = [f["name"] for f in get("/global/firewalls").get("items", [])]
+    return names + [r for r in rules if not r.startswith("default-allow-")]
+
+
+def measure(count: int, latency: dict[str, float], work: Path) -> dict[str, float]:
     """Seconds of each command on a fresh ``count``-node cluster."""
     times: dict[str, float] = {}
     runner = CliRunner()
-    with FakeGce(latency=latency, wait_max_s=30.0) as fake:
-        config = cluster_yaml(work / f"cluster-{count}.yaml", fake.endpoint, count)
+    with fake_gce(latency) as endpoint:
+        config = cluster_yaml(work / f"cluster-{count}.yaml", endpoint, count)
         for name, args in COMMANDS:
             started = time.monotonic()
             result = runner.invoke(cli, ["--config", str(config), *args])
             times[name] = time.monotonic() - started
             if result.exit_code != 0:
                 raise SystemExit(f"bench/up.py: `{' '.join(args)}` failed:\n{result.output}")
-        if fake.instances() or fake.firewalls():
-            raise SystemExit("bench/up.py: `down` left something behind")
+        if left := leftovers(endpoint):
+            raise SystemExit(f"bench/up.py: `down` left something behind: {', '.join(left)}")
     return times
 
 
@@ -106,16 +151,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="runs of each size (median)")
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args()
-    # Loaded once per process, and lazily by the CLI: not part of any command's time.
-    import infra.providers.gce  # noqa: F401
-    latency = Latency(
-        provision=args.create * 2 / 3,
-        staging=args.create / 3,
-        start=args.start,
-        stop=args.stop,
-        delete=args.delete,
-        firewall=0.5,
-    )
+    # Loaded once per process, and lazily by the CLI (on the provider's
+    # first API call): not part of any command's time.
+    import google.cloud.compute_v1  # noqa: F401
+    latency = {
+        "provision": args.create * 2 / 3,
+        "staging": args.create / 3,
+        "start": args.start,
+        "stop": args.stop,
+        "delete": args.delete,
+        "firewall": 0.5,
+    }
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-") as tmp:
         work = Path(tmp)
         # A state folder of its own: the bench never touches ~/.tfcluster.

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Bake the trainer's venv into a node, as the login user, from a wheelhouse:
-# what `deploy.py up` would install, plus the install marker infra/setup.py
-# compares, so that `up` on such a node has nothing to install.
+# what `deploy.py up` would install, plus the install marker that the probe
+# of infra/setup_commands.py compares, so that `up` on such a node has nothing to install.
 #
 #   tfcluster-bake WHEELHOUSE REQUIREMENTS REMOTE_DIR MARKER
 #

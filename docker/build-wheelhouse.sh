@@ -16,7 +16,10 @@ requirements="${REQUIREMENTS:-trainer/requirements.txt}"
 python="${PYTHON:-.venv/bin/python}"
 [ -x "$python" ] || python=python3
 
-want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+# The exact versions CI tests, dependencies too (what setup installs the
+# default requirements with): the wheelhouse must hold those very wheels.
+constraints="${CONSTRAINTS:-constraints.txt}"
+want="$(cat "$requirements" "$constraints" 2>/dev/null | sha256sum | cut -d' ' -f1)"
 if [ -f "$dest/.requirements.sha256" ] && [ "$(cat "$dest/.requirements.sha256")" = "$want" ]; then
     echo "build-wheelhouse: $dest is up to date ($(ls "$dest"/*.whl | wc -l) wheels)"
     exit 0
@@ -36,7 +39,9 @@ echo "build-wheelhouse: downloading $requirements into $dest"
 # would change the wheelhouse listing (part of the install marker's hash)
 # and confuse pip's choice. pip's cache makes the re-download cheap.
 rm -rf "$dest.new"
-"$python" -m pip download -q -r "$requirements" -d "$dest.new" \
+cons=()
+[ -f "$constraints" ] && cons=(-c "$constraints")
+"$python" -m pip download -q -r "$requirements" "${cons[@]}" -d "$dest.new" \
     --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 "${platforms[@]}"
 rm -rf "$dest"
 mv "$dest.new" "$dest"

@@ -4,20 +4,29 @@
 its jobs. It returns data and reports progress through callbacks; it never
 prints and never imports click, so it can be driven from tests, notebooks
 or another CLI.
+
+This module holds the nodes' life: what exists (``status``), up, start,
+stop, down, setup and autostop. ``Cluster`` gets the rest from the classes
+it extends, one concept each: jobs (infra/cluster_jobs.py), looking into
+running nodes (infra/cluster_access.py), and what they all stand on
+(infra/cluster_base.py). Callers only ever see ``Cluster``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from infra import commands, facts
-from infra.config import ClusterConfig
-from infra.errors import StateError
-from infra.job import Job, JobRecord, JobSpec, new_run_id
+from infra import autostop, commands, facts
+from infra.cluster_access import ClusterAccess
+from infra.cluster_base import locked
+from infra.cluster_jobs import ClusterJobs
+from infra.errors import ConfigError, CredentialsError, StateError, TfclusterError
+from infra.jobrun import JobReporter, JobResult, run_job
 from infra.lifecycle import (
     DownPlan,
     UpPlan,
@@ -29,14 +38,16 @@ from infra.lifecycle import (
     plan_up,
     require_running,
 )
-from infra.progress import ProgressEvent
-from infra.providers import get_provider
-from infra.providers.base import Node, NodeProvider, NodeState
-from infra.state import ClusterState
-from infra.tfconfig import build_tasks, participants
-from infra.transport import Transport
+from infra.providers.base import Node, NodeState
+
+if TYPE_CHECKING:
+    from infra.setup_report import SetupReport
 
 log = logging.getLogger("tfcluster")
+
+# Seconds `status` waits for one node's nvidia-smi (it answers in well under
+# one; a node that hangs must not hold the table up for long).
+GPU_QUERY_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -55,45 +66,29 @@ class NodeView:
     preemptible: bool
     declared: bool  # in cluster.yaml (an undeclared one still carries our label)
     hourly_usd: float | None  # this node as it is now (a stopped one pays its disk)
+    gpus: facts.GpuReport | None = None  # None: not asked (see Cluster.status)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["gpus"] = self.gpus.as_dict() if self.gpus is not None else None
+        return out
 
 
-class Cluster:
-    def __init__(self, config: ClusterConfig, state: ClusterState | None = None) -> None:
-        self.config = config
-        self.state = state or ClusterState(config.name)
-        self._provider: NodeProvider | None = None
+class Cluster(ClusterJobs, ClusterAccess):
+    """One cluster of cluster.yaml: its nodes (here), its jobs
+    (``ClusterJobs``), its logs, TensorBoard and shells (``ClusterAccess``)."""
 
-    @property
-    def provider(self) -> NodeProvider:
-        if self._provider is None:
-            self._provider = get_provider(self.config, self.state)
-        return self._provider
-
-    # -- what exists -------------------------------------------------------------
-
-    def nodes(self) -> list[Node]:
-        nodes = self.provider.non_terminated_nodes()
-        self.state.update(
-            nodes={
-                n.name: {
-                    "status": n.status,
-                    "internal_ip": n.internal_ip,
-                    "external_ip": n.external_ip,
-                    "zone": n.zone,
-                }
-                for n in nodes
-            }
-        )
-        return nodes
-
-    def status(self) -> tuple[list[NodeView], float | None]:
+    def status(self, *, all_gpus: bool = False) -> tuple[list[NodeView], float | None]:
         """Every declared node (absent ones too) and every labelled extra,
-        with the estimated USD/hour of the cluster as it is now."""
+        with the estimated USD/hour of the cluster as it is now, and the
+        GPUs of the running nodes that have an accelerator (with
+        ``all_gpus``, of every running node: an ssh host's GPUs are not
+        declared anywhere)."""
         nodes = self.nodes()
         by_name = {n.name: n for n in nodes}
+        gpus = self.gpus(
+            [n for n in nodes if n.state == NodeState.RUNNING and (all_gpus or n.accelerators)]
+        )
         names = list(self.config.nodes) + sorted(set(by_name) - set(self.config.nodes))
         views = []
         for name in names:
@@ -112,56 +107,174 @@ class Cluster:
                     preemptible=node.preemptible if node else False,
                     declared=name in self.config.nodes,
                     hourly_usd=self.provider.hourly_cost([node]) if node else None,
+                    gpus=gpus.get(name),
                 )
             )
         return views, self.provider.hourly_cost(nodes)
 
+    def gpus(self, nodes: Sequence[Node]) -> dict[str, facts.GpuReport]:
+        """What nvidia-smi says on each of these running nodes, all at once.
+        A node that cannot be asked gets a report saying why: ``status``
+        must show the rest of the cluster whatever one node does."""
+        if not nodes:
+            return {}
+        out: dict[str, facts.GpuReport] = {}
+        try:
+            transport = self.provider.transport(nodes)
+        except TfclusterError as exc:
+            return {n.name: facts.GpuReport((), f"not asked: {exc}") for n in nodes}
+
+        def ask(node: str) -> None:
+            try:
+                result = transport.run(node, commands.gpu_query(), timeout=GPU_QUERY_TIMEOUT_S)
+            except TfclusterError as exc:
+                out[node] = facts.GpuReport((), f"not asked: {exc}")
+                return
+            out[node] = facts.parse_gpus(result.stdout)
+
+        with transport, ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+            list(pool.map(ask, [n.name for n in nodes]))
+        return out
+
     # -- lifecycle ---------------------------------------------------------------
 
-    def plan_up(self) -> UpPlan:
-        return plan_up(self.config, self.nodes(), self.provider.shared_resources())
+    def plan_up(self, *, dry_run: bool = False) -> UpPlan:
+        """What ``up`` would do, after the provider has refused what its
+        cloud would refuse. With ``dry_run``, missing credentials do not stop
+        the plan: the checks that need no cloud have run, and the plan is made
+        as if no node existed yet, and says so (``UpPlan.unlisted``): what
+        `up` would create and what it costs are known from cluster.yaml alone."""
+        try:
+            self.provider.check_config()
+            existing = self.nodes()
+        except CredentialsError as exc:
+            if not dry_run:
+                raise
+            plan = plan_up(self.provider, [])
+            return replace(plan, unlisted=str(exc))
+        return plan_up(self.provider, existing)
 
+    @locked("up")
     def up(
         self,
         plan: UpPlan,
         *,
         setup: bool = True,
         on_setup_event: Callable[[str, str], None] | None = None,
-    ) -> tuple[list[Node], Any]:
+        autostop: int | Literal["off"] | None = None,
+    ) -> tuple[list[Node], SetupReport | None]:
         """Provision per ``plan``, then install and sync over SSH (unless
         ``setup`` is False or the provider is local). Returns the nodes and
-        the setup report (None when no setup ran)."""
-        nodes = apply_up(self.provider, plan, timeout=self.config.gce.operation_timeout)
+        the setup report (None when no setup ran). ``plan`` is what the
+        user was shown; what is done is planned again under the lock.
+        ``autostop``: seconds, or "off", instead of cluster.yaml's."""
+        # Planned again under the lock: a parallel `up` we waited for may
+        # have made the nodes ``plan`` would create; what is done follows
+        # what exists now (the lock itself keeps two zone failovers apart).
+        after = self.config.autostop if autostop is None else autostop
+        self.check_autostop(after)
+        plan = self.plan_up()
+        nodes = apply_up(self.provider, plan, timeout=self.provider.operation_timeout())
         self.nodes()  # refresh the cached addresses
-        report = None
-        if setup and self.config.provider != "local":
+        report: SetupReport | None = None
+        if setup and self.provider.needs_setup:
             report = self.setup(nodes, on_event=on_setup_event)
+        # Not given anywhere: keep what the nodes hold (`deploy.py autostop`).
+        self.ensure_autostop(nodes, False if after is None else None if after == "off" else after)
         return nodes, report
+
+    # -- autostop (infra/autostop.py) ---------------------------------------------
+
+    def ensure_autostop(self, nodes: Sequence[Node], after: int | bool | None = False) -> None:
+        """After nodes (re)started: set ``after`` seconds (None: off) on
+        them, or with False keep the setting they hold; either way their
+        watchers run again (a container has no init to restart them). Only
+        where autostop was ever used: otherwise no extra round trip."""
+        if self.provider.self_stop() is not None:
+            return
+        if after is False and not self.state.get("autostop_used"):
+            return
+        with self.provider.transport(nodes) as transport:
+            self._wait_ssh(transport)
+            autostop.apply(
+                transport,
+                [n.name for n in nodes],
+                None if after is False else after,
+                keep=after is False,
+            )
+        if after is not False:
+            self.state.update(autostop_used=True, autostop=after)
+
+    def check_autostop(self, after: int | str | None) -> None:
+        """A ConfigError unless the provider's nodes can stop themselves,
+        when autostop is to be set (``after`` seconds; "off" or None is
+        never refused)."""
+        if isinstance(after, int) and (why := self.provider.self_stop()) is not None:
+            raise ConfigError(f"autostop: {why}")
+
+    def preemptible(self) -> bool:
+        """Whether a node of the cluster is a Spot VM (the provider says):
+        then `train` and `run` recover from preemptions by default."""
+        return any(n.preemptible for n in self.nodes())
+
+    @locked("autostop")
+    def set_autostop(self, after: int | None) -> list[str]:
+        """Change autostop on the running cluster (None: off); the nodes."""
+        self.check_autostop(after)
+        existing = self.nodes()
+        if not any(n.state is NodeState.RUNNING for n in existing):
+            raise StateError(
+                f"{self.config.name} is not up: autostop is set on running nodes; "
+                "`deploy.py up --autostop 30m` brings it up with it"
+            )
+        require_running(self.provider, existing, list(self.config.nodes))
+        nodes = [n for n in existing if n.name in self.config.nodes]
+        self.ensure_autostop(nodes, after)
+        return [n.name for n in nodes]
+
+    def autostop_status(self, nodes: Sequence[Node] | None = None) -> autostop.ClusterIdle | None:
+        """The autostop setting and how long the cluster has been idle, as
+        its running nodes say; None where autostop does not apply or was
+        never used."""
+        if self.provider.self_stop() is not None:
+            return None
+        if not self.state.get("autostop_used") and self.config.autostop is None:
+            return None
+        running = [n for n in (nodes or self.nodes()) if n.state is NodeState.RUNNING]
+        if not running:
+            setting = self.state.get("autostop")
+            return autostop.ClusterIdle(
+                after_s=setting if isinstance(setting, int) else None,
+                idle_s=None,
+                busy=False,
+                installed=False,
+            )
+        with self.provider.transport(running) as transport:
+            return autostop.summarize(autostop.report(transport, [n.name for n in running]))
 
     def setup(
         self, nodes: Sequence[Node], *, on_event: Callable[[str, str], None] | None = None
-    ) -> Any:
+    ) -> SetupReport:
         from infra.setup import setup_nodes
 
         with self.provider.transport(nodes) as transport:
             self._wait_ssh(transport)
             return setup_nodes(transport, self.config, on_event=on_event)
 
-    @staticmethod
-    def _wait_ssh(transport: Transport) -> None:
-        wait_ready = getattr(transport, "wait_ready", None)
-        if wait_ready is not None:
-            wait_ready()
-
     def plan_down(self) -> DownPlan:
         return plan_down(self.nodes(), self.provider.shared_resources())
 
+    @locked("down")
     def down(self, plan: DownPlan) -> None:
         before = self.nodes()
+        # Only what was confirmed and still exists (a `down` we waited for
+        # may have deleted it; nodes made since were not confirmed).
+        plan = replace(plan, delete=[n for n in plan.delete if n in {b.name for b in before}])
         apply_down(self.provider, plan)
         self._forget_addresses([n for n in before if n.name in plan.delete])
         self.state.update(nodes={})
 
+    @locked("stop")
     def stop(self) -> list[str]:
         before = self.nodes()
         stopped = apply_stop(self.provider, before)
@@ -173,191 +286,59 @@ class Cluster:
         external IP is ephemeral: after a stop or delete it goes back to
         the pool and may come back on another VM, whose new host key must
         not be refused as "changed". Fixed addresses (provider ssh) stay."""
-        if self.config.provider != "gce":
+        if not self.provider.ephemeral_addresses:
             return
-        from infra.remote import forget_host
+        from infra.hostkeys import forget_host
 
         for node in nodes:
             if node.ssh_host:
                 forget_host(self.state.known_hosts, node.ssh_host, node.ssh_port)
 
+    @locked("start")
     def start(self) -> list[Node]:
         nodes = apply_start(self.provider, self.nodes())
         self.nodes()
+        self.ensure_autostop(nodes)
         return nodes
 
-    # -- jobs --------------------------------------------------------------------
+    # -- a job's whole life, as one call (infra/jobrun.py; the steps are in
+    # infra/cluster_jobs.py) ----------------------------------------------------
 
-    def job_spec(self, *, resume: bool = False, **overrides: Any) -> JobSpec:
-        """cluster.yaml's job with command-line overrides (None = keep)."""
-        job = self.config.job
-        values: dict[str, Any] = {
-            "model": job.model,
-            "mode": job.mode,
-            "steps": job.steps,
-            "batch_size": job.batch_size,
-            "checkpoint_every": job.checkpoint_every,
-            "learning_rate": job.learning_rate,
-            "data_dir": job.data_dir,
-            "extra_args": tuple(job.args),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        if values["mode"] == "async" and not self.config.roles.ps:
-            raise StateError("async mode needs a ps node: add roles.ps or use --mode sync")
-        run_id = new_run_id(values["model"], values["mode"])
-        if resume:
-            last = self.last_job()
-            if last is None:
-                raise StateError(
-                    "nothing to resume: no earlier job of this cluster is known; "
-                    "run `deploy.py train` first"
-                )
-            if (last.model, last.mode) != (values["model"], values["mode"]):
-                raise StateError(
-                    f"the last job trained {last.model} in {last.mode} mode; resume it with "
-                    f"--model {last.model} --mode {last.mode}"
-                )
-            run_id = last.run_id
-        return JobSpec(run_id=run_id, resume=resume, **values)
-
-    def job_nodes(self, mode: str) -> list[str]:
-        """The nodes that run a task of this mode, in cluster.yaml's order."""
-        wanted = {n for role in participants(mode) for n in self.config.nodes_of(role)}
-        return [n for n in self.config.nodes if n in wanted]
-
-    def prepare_job(
+    def train(
         self,
-        spec: JobSpec,
         *,
-        on_event: Callable[[ProgressEvent], None],
-        on_log: Callable[[str], None],
-        sync: bool = True,
-    ) -> Job:
-        """Make sure the job's nodes run (a local cluster is brought up on
-        the spot: it costs nothing), sync the code, and build the Job."""
-        names = self.job_nodes(spec.mode)
-        existing = self.nodes()
-        if self.config.provider == "local":
-            missing = [n for n in names if n not in {x.name for x in existing}]
-            if missing:
-                self.provider.create_nodes(missing)
-                existing = self.nodes()
-        require_running(self.config, existing, names)
-        running = [n for n in existing if n.name in names]
-        transport = self.provider.transport(running)
-        if sync and self.config.provider != "local":
-            from infra.setup import sync_nodes
+        resume: bool = False,
+        detach: bool = False,
+        dest: Path | None = None,
+        recover: bool = True,
+        reporter: JobReporter | None = None,
+        **overrides: Any,
+    ) -> JobResult:
+        """The built-in trainer as a job, from launch to the fetched run
+        folder (infra/jobrun.py): cluster.yaml's job with ``overrides``
+        (model, mode, steps, batch_size, learning_rate, checkpoint_every,
+        data_dir, extra_args; None keeps the config's)."""
+        spec = self.train_spec(resume=resume, **overrides)
+        return run_job(self, spec, detach=detach, dest=dest, recover=recover, reporter=reporter)
 
-            self._wait_ssh(transport)
-            sync_nodes(transport, self.config)
-        addresses = {n.name: n.internal_ip or "" for n in running}
-        roles = {role: self.config.nodes_of(role) for role in ("ps", "worker", "chief")}
-        tasks = build_tasks(spec.mode, roles, addresses, self.provider.task_port)
-        return Job(
-            transport,
-            tasks,
-            spec,
-            env=self.provider.task_env(),
-            on_event=on_event,
-            on_log=on_log,
-        )
-
-    def remember(self, job: Job, exit_code: int | None = None) -> None:
-        record = job.record()
-        record.exit_code = exit_code
-        self.state.update(last_job=record.__dict__)
-
-    def last_job(self) -> JobRecord | None:
-        data = self.state.get("last_job")
-        return JobRecord.from_dict(data) if isinstance(data, dict) else None
-
-    def attach(self, record: JobRecord) -> Job:
-        """The Job object of an earlier (maybe --detach'ed) job, to watch,
-        stop or fetch it."""
-        existing = {n.name: n for n in self.nodes()}
-        tasks = record.task_specs()
-        nodes = sorted({t.node for t in tasks})
-        require_running(self.config, list(existing.values()), nodes)
-        transport = self.provider.transport([existing[n] for n in nodes])
-        spec = JobSpec(
-            run_id=record.run_id,
-            model=record.model,
-            mode=record.mode,
-            steps=0,
-            batch_size=0,
-            checkpoint_every=0,
-        )
-        job = Job(transport, tasks, spec)
-        job.output_dir = record.output_dir
-        return job
-
-    def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
-        return (dest or Path("runs") / self.config.name) / run_id
-
-    # -- logs ---------------------------------------------------------------------
-
-    def log_nodes(self, node: str | None) -> list[Node]:
-        running = [n for n in self.nodes() if n.state is NodeState.RUNNING]
-        if node is not None:
-            if node not in self.config.nodes:
-                raise StateError(
-                    f"{node} is not a node of {self.config.name} "
-                    f"({', '.join(self.config.nodes)})"
-                )
-            running = [n for n in running if n.name == node]
-            if not running:
-                raise StateError(f"{node} is not running; `deploy.py status` shows the nodes")
-        return running
-
-    def logs(
+    def run_program(
         self,
-        node: str | None,
+        argv: Sequence[str],
         *,
-        lines: int,
-        follow: bool,
-        on_line: Callable[[str, str, str], None],
-    ) -> None:
-        """Task logs of the running nodes; ``on_line(node, task, line)``."""
-        nodes = self.log_nodes(node)
-        if not nodes:
-            return
-        with self.provider.transport(nodes) as transport:
-            if not follow:
-                for n in nodes:
-                    result = transport.run(
-                        n.name, commands.tail_logs(transport.layout(n.name), lines, False)
-                    )
-                    for task, line in facts.parse_tail(result.stdout):
-                        on_line(n.name, task, line)
-                return
-            _follow_all(transport, [n.name for n in nodes], lines, on_line)
-
-
-def _follow_all(
-    transport: Transport,
-    nodes: Sequence[str],
-    lines: int,
-    on_line: Callable[[str, str, str], None],
-) -> None:
-    """Follow every node's logs at once until Ctrl-C."""
-    import threading
-
-    def follow(node: str) -> None:
-        task = ""
-
-        def handle(line: str) -> None:
-            nonlocal task
-            header = facts.tail_header(line)
-            if header is not None:
-                task = header
-            elif line:
-                on_line(node, task, line)
-
-        transport.stream(node, commands.tail_logs(transport.layout(node), lines, True), handle)
-
-    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in nodes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(0.5)
+        ps: bool = True,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
+        detach: bool = False,
+        dest: Path | None = None,
+        recover: bool = True,
+        reporter: JobReporter | None = None,
+    ) -> JobResult:
+        """The user's program ``argv`` as a job (see ``run_spec``), run in
+        the working folder (``workdir``, else job.workdir), from launch to
+        the fetched run folder (infra/jobrun.py)."""
+        spec = self.run_spec(argv, ps=ps, env=env)
+        folder = self.workdir(workdir)
+        return run_job(
+            self, spec, detach=detach, dest=dest, workdir=folder, recover=recover,
+            reporter=reporter,
+        )  # fmt: skip

@@ -7,320 +7,54 @@ way in; the rest of tfcluster only ever sees a validated ``ClusterConfig``.
 
 With no file at all, ``default_config()`` is the embedded local cluster
 (roles as processes on this machine), so a new user needs no cloud.
+
+This module reads: the file (bounded, UTF-8), the YAML (no duplicate key,
+no alias bomb), the validation's errors as one line with a "did you mean".
+The schema itself, one model per section, is infra/config_schema.py; its
+names that callers use are imported from here (``__all__``).
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
+import functools
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, get_args
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ValidationError, create_model
 
+from infra.config_schema import (
+    ClusterConfig,
+    GceConfig,
+    SshConfig,
+    _KeyedError,
+    check_env_name,
+    show,
+)
 from infra.errors import ConfigError
 
-# GCE's rule for instance, firewall and label-value names (RFC 1035).
-_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-# The cluster name is embedded in other GCE names ("tfcluster-<name>-grpc"),
-# so it must leave room under GCE's 63-character limit.
-_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+__all__ = [
+    "ClusterConfig",
+    "GceConfig",
+    "SshConfig",
+    "check_env_name",
+    "default_config",
+    "load_config",
+    "parse_config",
+    "parse_yaml",
+    "read_config_text",
+]
 
-PROVIDERS = ("gce", "ssh", "local")
-MODELS = ("cnn", "convnet", "dae", "sdae")
-MODES = ("async", "sync", "average", "single")
-ROLES = ("ps", "worker", "chief")
-
-
-def _as_list(value: Any) -> Any:
-    """Roles accept one node or a list of nodes."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return value
-
-
-NodeList = Annotated[list[str], BeforeValidator(_as_list)]
-Port = Annotated[int, Field(ge=1024, le=65535)]
-
-
-class _Strict(BaseModel):
-    # Unknown keys are errors: a typo must never silently fall back to a
-    # default that provisions something else (and costs money).
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Roles(_Strict):
-    """Which nodes run which TensorFlow tasks. Each: a node name or a list."""
-
-    ps: NodeList = ["pc-1"]  # parameter servers: hold the variables (async mode)
-    chief: NodeList = ["pc-1"]  # exactly one: runs the training program, writes results
-    worker: NodeList = ["pc-2", "pc-3", "pc-4"]  # compute the steps
-
-
-class Ports(_Strict):
-    """gRPC port of each task type. ps and chief share pc-1 by default, so
-    they must differ; the firewall opens exactly these between the nodes."""
-
-    ps: Port = 2222
-    worker: Port = 2223
-    chief: Port = 2224
-
-
-class Accelerator(_Strict):
-    """GPUs per node (GCE guestAccelerators)."""
-
-    type: str  # for example nvidia-tesla-t4, nvidia-l4
-    count: Annotated[int, Field(ge=1, le=8)] = 1
-
-
-class GceConfig(_Strict):
-    """Compute Engine settings (provider: gce)."""
-
-    # Project id; default: $GOOGLE_CLOUD_PROJECT, then the ADC project.
-    project: str | None = None
-    # Ordered: the first zone is preferred, the rest are tried on stockout or quota.
-    zones: list[str] = ["us-central1-a", "us-central1-b", "us-central1-f"]
-    # 2 vCPU / 8 GB: TensorFlow plus a ps or worker fit with room to spare.
-    machine_type: str = "e2-standard-2"
-    # A family resolves to the newest image of that family at create time.
-    image: str = "projects/debian-cloud/global/images/family/debian-12"
-    disk_gb: Annotated[int, Field(ge=10, le=65536)] = 20
-    disk_type: str = "pd-balanced"
-    # Spot VMs: far cheaper, may be stopped by GCE at any time (`up` restarts them).
-    preemptible: bool = False
-    network: str = "default"
-    subnetwork: str | None = None
-    # Who may reach SSH (port 22). Narrow this to your own address/32.
-    ssh_source_ranges: list[str] = ["0.0.0.0/0"]
-    # Compute API endpoint; None = Google's. Emulators and tests set http://127.0.0.1:PORT.
-    api_endpoint: str | None = None
-    # "adc" (gcloud auth application-default login), "anonymous" (emulators only),
-    # or the path of a service-account JSON key file.
-    credentials: str = "adc"
-    accelerator: Accelerator | None = None
-    # Upper bound, seconds, on waiting for any one Compute operation.
-    operation_timeout: Annotated[float, Field(gt=0)] = 600.0
-    # Extra labels on every instance (cost attribution).
-    labels: dict[str, str] = {}
-
-    @field_validator("zones")
-    @classmethod
-    def _zones(cls, zones: list[str]) -> list[str]:
-        if not zones:
-            raise ValueError("list at least one zone, for example [us-central1-a]")
-        for zone in zones:
-            if not _ZONE.match(zone):
-                raise ValueError(f"{zone!r} is not a zone name; zones look like us-central1-a")
-        if len(set(zones)) != len(zones):
-            raise ValueError("a zone is listed twice")
-        return zones
-
-    @field_validator("ssh_source_ranges")
-    @classmethod
-    def _ranges(cls, ranges: list[str]) -> list[str]:
-        for cidr in ranges:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not a CIDR range such as 203.0.113.7/32") from None
-        return ranges
-
-    @field_validator("api_endpoint")
-    @classmethod
-    def _endpoint(cls, endpoint: str | None) -> str | None:
-        if endpoint is not None and not re.match(r"^https?://[^/]+", endpoint):
-            raise ValueError(f"{endpoint!r} is not a URL such as http://127.0.0.1:8089")
-        return endpoint
-
-
-class SshConfig(_Strict):
-    """How tfcluster logs in to the nodes (providers gce and ssh)."""
-
-    user: str = "tfcluster"
-    # Private key; None = a per-cluster ed25519 key that tfcluster creates (mode 0600).
-    key_file: str | None = None
-    port: Port | Literal[22] = 22
-    # Seconds for one TCP connect + handshake.
-    connect_timeout: Annotated[float, Field(gt=0)] = 10.0
-    # Seconds to keep retrying while a node is still booting (sshd not up yet).
-    boot_timeout: Annotated[float, Field(gt=0)] = 300.0
-
-
-class HostConfig(_Strict):
-    """One existing machine (provider: ssh)."""
-
-    address: str  # where this machine reaches it over SSH
-    port: Port | Literal[22] = 22
-    # Where the other nodes reach it (TF_CONFIG); default: address.
-    internal_address: str | None = None
-
-
-def _host(value: Any) -> Any:
-    """``pc-1: 10.0.0.5`` or ``pc-1: 10.0.0.5:2201`` as shorthand."""
-    if isinstance(value, str):
-        host, sep, port = value.rpartition(":")
-        if sep and port.isdigit():
-            return {"address": host, "port": int(port)}
-        return {"address": value}
-    return value
-
-
-class SetupConfig(_Strict):
-    """What `up` installs and syncs on every node."""
-
-    # Where tfcluster keeps its venv, code and runs on a node (relative to the login's home).
-    remote_dir: str = "tfcluster"
-    python: str = "python3"
-    # Pinned trainer dependencies installed into the node's venv.
-    requirements: str = "trainer/requirements.txt"
-    # A local folder of wheels uploaded once and installed with pip --no-index
-    # (clusters without internet). None = nodes install from PyPI.
-    wheelhouse: str | None = None
-    # Extra local paths (relative to this file) synced to every node beside trainer/.
-    sync: list[str] = []
-    # Shell commands run once per node after the install (idempotent by hash).
-    commands: list[str] = []
-
-
-class JobConfig(_Strict):
-    """The training job `train` runs; flags on the command line override."""
-
-    model: Literal["cnn", "convnet", "dae", "sdae"] = "cnn"
-    mode: Literal["async", "sync", "average", "single"] = "async"
-    steps: Annotated[int, Field(ge=1)] = 600
-    batch_size: Annotated[int, Field(ge=1)] = 128
-    learning_rate: Annotated[float, Field(gt=0)] | None = None  # None = the model's default
-    checkpoint_every: Annotated[int, Field(ge=1)] = 100
-    # MNIST folder on the nodes; None = a synced data folder if any, else download.
-    data_dir: str | None = None
-    # Extra trainer flags, passed as they are (see `python -m trainer --help`).
-    args: list[str] = []
-
-
-class ClusterConfig(_Strict):
-    """A whole cluster.yaml."""
-
-    # Names the cluster in GCE labels, firewall rules and local state.
-    name: str
-    provider: Literal["gce", "ssh", "local"] = "local"
-    nodes: list[str] = ["pc-1", "pc-2", "pc-3", "pc-4"]
-    roles: Roles = Roles()
-    ports: Ports = Ports()
-    gce: GceConfig = GceConfig()
-    ssh: SshConfig = SshConfig()
-    # provider ssh: node -> address, "address:port" or {address, port, internal_address}.
-    hosts: dict[str, Annotated[HostConfig, BeforeValidator(_host)]] = {}
-    setup: SetupConfig = SetupConfig()
-    job: JobConfig = JobConfig()
-    # Folder of this file; relative paths in it are resolved from here. Set by load_config.
-    base_dir: Path = Field(default=Path("."), exclude=True)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not _CLUSTER_NAME.match(name):
-            raise ValueError(
-                f"{name!r} is not a usable cluster name: use 1-40 lowercase letters, digits "
-                "and '-', starting with a letter (GCE names it into labels and firewall rules)"
-            )
-        return name
-
-    @field_validator("nodes")
-    @classmethod
-    def _nodes(cls, nodes: list[str]) -> list[str]:
-        if not nodes:
-            raise ValueError("list at least one node, for example [pc-1, pc-2]")
-        for node in nodes:
-            if not _GCE_NAME.match(node):
-                raise ValueError(
-                    f"{node!r} is not a valid node name: lowercase letters, digits and '-', "
-                    "starting with a letter, at most 63 characters"
-                )
-        if len(set(nodes)) != len(nodes):
-            raise ValueError("a node is listed twice")
-        return nodes
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ClusterConfig:
-        declared = set(self.nodes)
-        for role in ROLES:
-            members: list[str] = getattr(self.roles, role)
-            for node in members:
-                if node not in declared:
-                    raise _KeyedError(
-                        ("roles", role),
-                        f"{node!r} is not one of the nodes ({', '.join(self.nodes)}); "
-                        "add it to 'nodes' or fix the name",
-                    )
-            if len(set(members)) != len(members):
-                raise _KeyedError(("roles", role), "a node is listed twice")
-        if len(self.roles.chief) != 1:
-            raise _KeyedError(("roles", "chief"), "name exactly one chief node")
-        if overlap := set(self.roles.ps) & set(self.roles.worker):
-            raise _KeyedError(
-                ("roles", "ps"),
-                f"{', '.join(sorted(overlap))} is both ps and worker; "
-                "a node serves one of the two (the ps would starve the worker)",
-            )
-        if self.job.mode == "async" and not self.roles.ps:
-            raise _KeyedError(
-                ("job", "mode"), "async mode needs a ps node: add roles.ps or use mode sync"
-            )
-        if self.job.mode in ("async", "sync", "average") and not self.roles.worker:
-            raise _KeyedError(("roles", "worker"), f"mode {self.job.mode} needs worker nodes")
-        ports = self.ports
-        if len({ports.ps, ports.worker, ports.chief}) != 3:
-            raise _KeyedError(
-                ("ports",),
-                "ps, worker and chief need three different ports (they can share a node)",
-            )
-        if self.provider == "ssh":
-            missing = [n for n in self.nodes if n not in self.hosts]
-            if missing:
-                raise _KeyedError(
-                    ("hosts",),
-                    f"provider ssh needs an address for every node; missing {', '.join(missing)}",
-                )
-        if unknown := sorted(set(self.hosts) - declared):
-            raise _KeyedError(("hosts",), f"{', '.join(unknown)} is not one of the nodes")
-        return self
-
-    # -- derived views -------------------------------------------------------
-
-    def nodes_of(self, role: str) -> list[str]:
-        return list(getattr(self.roles, role))
-
-    def roles_of(self, node: str) -> list[str]:
-        return [role for role in ROLES if node in getattr(self.roles, role)]
-
-    def resolve(self, path: str) -> Path:
-        """A path from this file, relative to the file's folder."""
-        p = Path(os.path.expanduser(path))
-        return p if p.is_absolute() else (self.base_dir / p).resolve()
-
-
-class _KeyedError(ValueError):
-    """A cross-field error that knows which key it is about."""
-
-    def __init__(self, loc: tuple[str, ...], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
+# cluster.yaml is a few KB; these bounds keep a wrong --config (a device,
+# a pipe, a huge file) or a YAML alias bomb from hanging or eating memory.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000  # after alias expansion
+MAX_YAML_DEPTH = 50
 
 
 # -- loading -----------------------------------------------------------------
@@ -345,14 +79,28 @@ job:
 
 def default_config() -> ClusterConfig:
     """The embedded local cluster (examples/local.yaml says the same)."""
-    return parse_config(yaml.safe_load(DEFAULT_LOCAL_YAML), source="<embedded local cluster>")
+    return parse_config(
+        parse_yaml(DEFAULT_LOCAL_YAML, "<embedded local cluster>"),
+        source="<embedded local cluster>",
+    )
 
 
 def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
     """Read and validate a cluster.yaml; every problem is one ConfigError line."""
     file = Path(path)
+    data = parse_yaml(read_config_text(file), str(file))
+    return parse_config(data, source=str(file), base_dir=file.resolve().parent)
+
+
+def read_config_text(file: Path) -> str:
+    """The file's text: a regular file, at most MAX_CONFIG_BYTES, UTF-8."""
     try:
-        text = file.read_text(encoding="utf-8")
+        # The type first: opening a FIFO would block, /dev/zero never ends.
+        if not stat.S_ISREG(file.stat().st_mode):
+            raise ConfigError(f"{file}: not a regular file; pass --config with a cluster.yaml")
+        # O_NONBLOCK: should a FIFO replace the file in between, open does
+        # not wait for a writer, and fstat below refuses it.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ConfigError(
             f"{file}: no such file; pass --config with an existing cluster.yaml "
@@ -360,27 +108,142 @@ def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
         ) from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read it: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(f"{file}: not a regular file; pass --config with a cluster.yaml")
+            blob = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read it: {exc.strerror}") from None
+    if len(blob) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{file}: larger than 1 MB; a cluster.yaml is a few KB")
     try:
-        data = yaml.safe_load(text)
+        return blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML to data, refusing duplicate keys and runaway aliases; one line per error."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_tree(node, source)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{file}{where}: invalid YAML: {problem}") from None
-    return parse_config(data, source=str(file), base_dir=file.resolve().parent)
+        raise ConfigError(f"{source}{where}: invalid YAML: {_cut(problem, 100)}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
+    except ValueError as exc:  # int() of a number with thousands of digits
+        raise ConfigError(f"{source}: invalid YAML: {_cut(str(exc), 100)}") from None
+    finally:
+        loader.dispose()
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_yaml_tree(root: yaml.Node, source: str) -> None:
+    """Duplicate keys (YAML would keep the last silently), aliases that
+    refer to their own container, and alias expansion beyond
+    MAX_YAML_VALUES (a few hundred bytes can expand to billions of values):
+    sizes are counted once per node, so a bomb is caught without expanding it."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def where(node: yaml.Node) -> str:
+        return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+    def size(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise ConfigError(f"{where(node)}: an alias refers to the value that contains it")
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{where(node)}: nested more than {MAX_YAML_DEPTH} levels deep")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                node.value.encode()
+            except UnicodeEncodeError:
+                # "\ud800" in double quotes: a string no file, API or node
+                # can take (up --dry-run once crashed on it in gce.metadata).
+                raise ConfigError(
+                    f"{where(node)}: a lone surrogate (\\ud800-\\udfff) is not text; "
+                    "write the character itself"
+                ) from None
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    ident = (key_node.tag, key_node.value)
+                    if ident in seen:
+                        raise ConfigError(
+                            f"{where(key_node)}: duplicate key {show(key_node.value)} "
+                            "(the last would silently win); keep one"
+                        )
+                    seen.add(ident)
+                total += size(key_node, depth + 1) + size(value_node, depth + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item, depth + 1) for item in node.value)
+        active.discard(key)
+        if total > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"{where(node)}: its aliases expand to more than {MAX_YAML_VALUES} values; "
+                "write the values out"
+            )
+        sizes[key] = total
+        return total
+
+    size(root, 0)
 
 
 def parse_config(data: Any, *, source: str, base_dir: Path | None = None) -> ClusterConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys (name, provider, nodes, ...)")
+    model = _cluster_model()
     try:
-        config = ClusterConfig.model_validate(data)
+        config = model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(source, exc)) from None
+        raise ConfigError(_one_line(source, exc, model)) from None
     return config.model_copy(update={"base_dir": base_dir or Path.cwd()})
 
 
-def _one_line(source: str, exc: ValidationError) -> str:
+def _cluster_model() -> type[ClusterConfig]:
+    """ClusterConfig, plus a key for each plug-in provider's own section
+    (``NodeProvider.config_section``, under the provider's name): the
+    built-in sections (gce, ssh, hosts) are ClusterConfig's own fields."""
+    from infra.providers import provider_sections
+
+    sections = provider_sections(skip=tuple(ClusterConfig.model_fields))
+    return _with_sections(tuple(sorted(sections.items()))) if sections else ClusterConfig
+
+
+@functools.cache
+def _with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[ClusterConfig]:
+    # Each section is optional: a cluster of another provider leaves it out,
+    # and the provider reads None as "all defaults" (NodeProvider.section).
+    fields: dict[str, Any] = {name: (model | None, None) for name, model in sections}
+    return create_model("ClusterConfig", __base__=ClusterConfig, **fields)
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]{1,63}\Z")
+
+
+def _one_line(source: str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
     """The first validation problem as 'file: key: problem; fix'."""
     # A misspelt key also makes its correctly spelt twin "missing": report the
     # misspelling, which is the actual mistake.
@@ -389,10 +252,11 @@ def _one_line(source: str, exc: ValidationError) -> str:
     ctx_error = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_error, _KeyedError):
         return f"{source}: {'.'.join(ctx_error.loc)}: {ctx_error.message}"
-    key = ".".join(loc) or "(top level)"
+    # Keys come from the file: a long or odd one is shown cut and quoted.
+    key = ".".join(p if _PLAIN_KEY.match(p) else show(p, 40) for p in loc) or "(top level)"
     kind = err["type"]
     if kind == "extra_forbidden":
-        return f"{source}: {key}: unknown key{_did_you_mean(loc)}"
+        return f"{source}: {key}: unknown key{_did_you_mean(loc, model or ClusterConfig)}"
     if kind == "missing":
         return f"{source}: {key}: required key is missing"
     value = err.get("input")
@@ -401,8 +265,8 @@ def _one_line(source: str, exc: ValidationError) -> str:
         message = message.removeprefix("Value error, ")
         return f"{source}: {key}: {message}"
     if kind == "literal_error":
-        return f"{source}: {key}: {value!r} is not allowed; {message.lower()}"
-    return f"{source}: {key}: {value!r}: {message}"
+        return f"{source}: {key}: {show(value)} is not allowed; {message.lower()}"
+    return f"{source}: {key}: {show(value)}: {message}"
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -416,9 +280,8 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _did_you_mean(loc: Sequence[str]) -> str:
+def _did_you_mean(loc: Sequence[str], model: type[BaseModel]) -> str:
     """'; did you mean 'zones'?' from the keys allowed where the unknown one is."""
-    model: type[BaseModel] = ClusterConfig
     for part in loc[:-1]:
         field = model.model_fields.get(part)
         if field is None:
@@ -428,7 +291,7 @@ def _did_you_mean(loc: Sequence[str]) -> str:
             return ""
         model = inner
     fields = [name for name in model.model_fields if name != "base_dir"]
-    close = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(loc[-1][:100], fields, n=1, cutoff=0.6)
     if close:
         return f"; did you mean '{close[0]}'?"
     return f"; known keys here: {', '.join(fields)}"

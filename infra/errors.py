@@ -12,6 +12,8 @@ cluster.yaml" (2) from "the cloud said no" (4, 5) from "training failed"
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class TfclusterError(Exception):
     """Root of every expected error. Exit code 1."""
@@ -71,12 +73,30 @@ class HostKeyChanged(RemoteError):
     exit_code = 8
 
 
-class JobFailed(TfclusterError):
-    """The training job failed. Its exit code is the chief's own, so that
-    ``deploy.py train`` exits as the training program did."""
+class UnsafeRemoteEntry(RemoteError):
+    """A node sent a file that could land outside the destination of a
+    fetch (a name with ``/`` or ``..``, a symlink, a device): refused, and
+    nothing written outside. Exit code 7, as any RemoteError; a class of
+    its own so that the fetch at the end of ``train`` fails on it rather
+    than warning."""
 
-    def __init__(self, message: str, *, exit_code: int = 9, hint: str | None = None) -> None:
+
+class JobFailed(TfclusterError):
+    """The job failed. Its exit code is the chief's own (or the failing
+    task's), so that ``deploy.py train`` and ``run`` exit as the program
+    did. ``details``: the last lines of the failed tasks' logs (node text:
+    shown as data)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_code: int = 9,
+        hint: str | None = None,
+        details: list[str] | None = None,
+    ) -> None:
         super().__init__(message, hint=hint)
+        self.details = list(details or [])
         # A chief killed by a signal has no exit code of its own; 9 then.
         self.exit_code = exit_code if 0 < exit_code < 256 else 9
 
@@ -86,3 +106,15 @@ class Interrupted(TfclusterError):
     findable by its labels. Exit code 130, as a shell gives for SIGINT."""
 
     exit_code = 130
+
+
+def combine_errors(failures: Mapping[str, RemoteError]) -> RemoteError:
+    """One error for several nodes; a changed host key wins (its exit code)."""
+    for exc in failures.values():
+        if isinstance(exc, HostKeyChanged):
+            return exc
+    if len(failures) == 1:
+        return next(iter(failures.values()))
+    message = "; ".join(str(failures[n]) for n in sorted(failures))
+    hint = next((e.hint for e in failures.values() if e.hint), None)
+    return RemoteError(message, hint=hint)

@@ -1,10 +1,18 @@
-"""Running one training job on a cluster: start, watch, stop, fetch.
+"""Running one job on a cluster: start, watch, stop, fetch.
 
+A job is one program (``Program``: the built-in trainer, or the user's own
+command) run as one process per TensorFlow task, each with its TF_CONFIG.
 Order matters for TensorFlow: ps and workers first, then a readiness check
 (their ports listen), then the chief, whose log is streamed until it ends;
 then the other tasks are stopped and the chief's run folder comes home.
 Every step goes through a ``Transport`` with the commands of
 ``infra/commands.py``, so it is the same for local processes and VMs.
+What a job is (``Program``, ``JobSpec``, run ids, the ``JobRecord`` the
+state file keeps) is infra/job_spec.py; this module runs one.
+
+A job only ever stops the tasks it started itself: when a start is refused
+because a task of that name still runs (another job), that job is left as
+it was.
 """
 
 from __future__ import annotations
@@ -12,84 +20,35 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from infra import commands, facts
-from infra.errors import Interrupted, JobFailed, RemoteError, StateError
-from infra.progress import ProgressEvent, parse_line
+from infra.errors import (
+    HostKeyChanged,
+    Interrupted,
+    JobFailed,
+    RemoteError,
+    StateError,
+    UnsafeRemoteEntry,
+    combine_errors,
+)
+from infra.job_spec import JobRecord, JobSpec
+from infra.progress import ProgressEvent, StartupClock, parse_line
+from infra.text import node_text
 from infra.tfconfig import TaskSpec, tf_config_json
-from infra.transport import Transport
+from infra.transport import CommandResult, Transport
 
 log = logging.getLogger("tfcluster")
 
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What to train; cluster.yaml's ``job`` with command-line overrides."""
-
-    run_id: str
-    model: str
-    mode: str
-    steps: int
-    batch_size: int
-    checkpoint_every: int
-    learning_rate: float | None = None
-    data_dir: str | None = None  # on the nodes; relative = from the login's home
-    extra_args: tuple[str, ...] = ()
-    resume: bool = False
-
-
-def new_run_id(model: str, mode: str, now: datetime | None = None) -> str:
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
-    return f"{model}-{mode}-{stamp}"
-
-
-def trainer_argv(spec: JobSpec, output_dir: str) -> list[str]:
-    """The flags every task of the job gets (the same on each: the trainer
-    reads its own role from TF_CONFIG)."""
-    argv = [
-        "--model", spec.model,
-        "--mode", spec.mode,
-        "--steps", str(spec.steps),
-        "--batch-size", str(spec.batch_size),
-        "--checkpoint-every", str(spec.checkpoint_every),
-        "--output-dir", output_dir,
-    ]  # fmt: skip
-    if spec.learning_rate is not None:
-        argv += ["--learning-rate", repr(spec.learning_rate)]
-    if spec.data_dir:
-        argv += ["--data-dir", spec.data_dir]
-    if spec.resume:
-        argv.append("--resume")
-    argv += list(spec.extra_args)
-    return argv
-
-
-@dataclass
-class JobRecord:
-    """What the state file remembers of the last job (for logs, fetch,
-    --resume and --detach)."""
-
-    run_id: str
-    mode: str
-    model: str
-    chief_node: str
-    output_dir: str  # on the chief node
-    tasks: list[dict[str, Any]] = field(default_factory=list)
-    started_at: str = ""
-    exit_code: int | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobRecord:
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
-
-    def task_specs(self) -> list[TaskSpec]:
-        return [TaskSpec(**t) for t in self.tasks]
+# Lines of a failed task's log shown with the error.
+FAILURE_LINES = 15
+# Seconds of one readiness poll: how late a death on another node is seen.
+READY_POLL_S = 5.0
 
 
 class Job:
@@ -101,15 +60,20 @@ class Job:
         tasks: Sequence[TaskSpec],
         spec: JobSpec,
         *,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
         on_event: Callable[[ProgressEvent], None] = lambda e: None,
         on_log: Callable[[str], None] = lambda line: None,
         ready_timeout: float = 240.0,
+        clock: StartupClock | None = None,
     ) -> None:
         self.transport = transport
+        # The start-up's stages, said as events (and told to the chief).
+        self.clock = clock or StartupClock(on_event)
         self.tasks = list(tasks)
         self.spec = spec
         self.env = dict(env or {})
+        self.workdir = workdir
         self.on_event = on_event
         self.on_log = on_log
         self.ready_timeout = ready_timeout
@@ -117,28 +81,56 @@ class Job:
         if len(chiefs) != 1:
             raise StateError("a job needs exactly one chief task")
         self.chief = chiefs[0]
-        self.output_dir = f"{transport.layout(self.chief.node).runs}/{spec.run_id}"
+        self.output_dir = self.run_dir(self.chief.node)
         self.summary: dict[str, Any] | None = None
+        # The tasks this job started: the only ones it may stop.
+        self.started: list[TaskSpec] = []
+        # After run(): the last log lines of the tasks that failed.
+        self.failure: list[str] = []
+        # Once the chief ended (watch): its exit code, -1 when it left none;
+        # set before the fetch, which may still fail.
+        self.exit_code: int | None = None
+
+    def run_dir(self, node: str) -> str:
+        """The job's output folder on ``node`` (its TFCLUSTER_RUN_DIR)."""
+        return f"{self.transport.layout(node).runs}/{self.spec.run_id}"
 
     def record(self) -> JobRecord:
         return JobRecord(
             run_id=self.spec.run_id,
-            mode=self.spec.mode,
-            model=self.spec.model,
             chief_node=self.chief.node,
             output_dir=self.output_dir,
             tasks=[asdict(t) for t in self.tasks],
             started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            command=list(self.spec.program.argv),
+            model=self.spec.model,
+            mode=self.spec.mode,
         )
 
     # -- start -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start ps and workers, wait for their ports, then start the chief."""
+        """Start ps and workers, wait for their ports, then start the chief;
+        or, for a chief that waits for their ports itself, all of them at
+        once (each task's seconds of imports overlap), then wait the same.
+        A task that dies before it listens ends the job either way.
+        Whatever goes wrong (Ctrl-C too), what this job started is stopped."""
         others = [t for t in self.tasks if t is not self.chief]
-        self._start(others)
-        self._wait_ready(others)
-        self._start([self.chief])
+        try:
+            if self.spec.program.chief_waits:
+                self._start([*others, self.chief])
+                self.clock.mark("start_tasks")
+                self._wait_ready(others)
+            else:
+                self._start(others)
+                self.clock.mark("start_tasks")
+                self._wait_ready(others)
+                if others:
+                    self.clock.mark("ready")
+                self._start([self.chief])
+        except KeyboardInterrupt:
+            self.stop(self.started)
+            raise Interrupted("interrupted: every task the job had started was stopped") from None
 
     def _start(self, tasks: Sequence[TaskSpec]) -> None:
         by_node: dict[str, list[TaskSpec]] = defaultdict(list)
@@ -148,48 +140,136 @@ class Job:
             node: "\n".join(self._start_command(t) for t in node_tasks)
             for node, node_tasks in by_node.items()
         }
-        results = self.transport.run_all(scripts, timeout=60)
-        failed = {node: r for node, r in results.items() if not r.ok}
-        if failed:
-            self.stop()
-            raise JobFailed(
-                "could not start the tasks on "
-                + "; ".join(f"{node}: {r.tail()}" for node, r in sorted(failed.items())),
-                hint="`deploy.py logs` shows the task logs",
+        # Node by node, not run_all, and each node's tasks recorded as soon
+        # as it answers: when another node cannot be reached, or Ctrl-C
+        # comes meanwhile, what was started must be known, to be stopped.
+        results: dict[str, CommandResult] = {}
+        unreachable: dict[str, RemoteError] = {}
+
+        def start_on(node: str) -> None:
+            try:
+                result = self.transport.run(node, scripts[node], timeout=60)
+            except RemoteError as exc:
+                unreachable[node] = exc
+                return
+            results[node] = result
+            started = facts.parse_started(result.stdout)
+            self.started += [t for t in by_node[node] if t.name in started]
+
+        with ThreadPoolExecutor(max_workers=min(16, len(scripts)) or 1) as pool:
+            list(pool.map(start_on, scripts))
+        if unreachable:
+            self.stop(self.started)
+            # A changed host key keeps its type (and exit code).
+            raise combine_errors({n: unreachable[n] for n in sorted(unreachable)})
+        problems = []
+        for node in by_node:
+            result = results[node]
+            if not result.ok:
+                problems.append(f"{node}: {result.tail()}")
+        if problems:
+            # Only what this job started: a refusal ("already running") means
+            # another job's task, which must go on as it was.
+            self.stop(self.started)
+            refused = any("already running" in p for p in problems)
+            raise (StateError if refused else JobFailed)(
+                "could not start the job: " + "; ".join(sorted(problems)),
+                hint="another job is running: `deploy.py logs --follow` follows it, "
+                "`deploy.py cancel` stops it"
+                if refused
+                else "`deploy.py logs` shows the task logs",
             )
 
     def _start_command(self, task: TaskSpec) -> str:
         layout = self.transport.layout(task.node)
-        env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **self.env}
-        if self.spec.mode != "single":
-            env["TF_CONFIG"] = tf_config_json(self.tasks, task)
-        argv = trainer_argv(self.spec, self.output_dir)
-        # Each script is wrapped in a subshell: one task's `exit` must not
-        # skip the next task's start on the same node.
-        return "(\n" + commands.start_task(layout, task.name, argv, env) + "\n)"
+        program = self.spec.program
+        env = {
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONUNBUFFERED": "1",
+            **dict(program.env),
+            **self.env,
+            "TF_CONFIG": tf_config_json(self.tasks, task),
+            "TFCLUSTER_RUN_ID": self.spec.run_id,
+            "TFCLUSTER_TASK": task.name,
+        }
+        if self.spec.resume:
+            env["TFCLUSTER_RESUME"] = "1"
+        if task is self.chief:
+            env.update(self.clock.for_chief())
+        cwd = None
+        if program.in_workdir:
+            if self.workdir is None:
+                raise StateError("this program runs in a working folder, and none was given")
+            cwd = self.transport.workdir(task.node, self.workdir)
+        path_env = {"PYTHONPATH": layout.code} if program.builtin else {}
+        # Each script is wrapped in a subshell: one task's `exit` (or `cd`)
+        # must not affect the next task's start on the same node.
+        script = commands.start_task(
+            layout,
+            task.name,
+            program.argv,
+            env,
+            cwd=cwd,
+            run_dir=self.run_dir(task.node),
+            path_env=path_env,
+        )
+        return "(\n" + script + "\n)"
 
     def _wait_ready(self, tasks: Sequence[TaskSpec]) -> None:
+        """Wait until every task listens on its port. Polled in short slices
+        on all nodes at once, so that a task that dies on one node ends the
+        wait everywhere at once instead of after the whole timeout."""
         if not tasks:
             return
-        by_node: dict[str, dict[str, int]] = defaultdict(dict)
-        for task in tasks:
-            by_node[task.node][task.name] = task.port
-        scripts = {
-            node: commands.wait_ports(self.transport.layout(node), ports, self.ready_timeout)
-            for node, ports in by_node.items()
-        }
-        results = self.transport.run_all(scripts, timeout=self.ready_timeout + 30)
-        problems = []
-        for node, result in sorted(results.items()):
-            states = facts.parse_readiness(result.stdout)
-            for name in sorted(by_node[node]):
-                state = states.get(name, "unknown")
-                if state != "ready":
-                    problems.append(f"{name} on {node} {self._why(state)}")
+        deadline = time.monotonic() + self.ready_timeout
+        pending = list(tasks)
+        states: dict[str, str] = {}
+        while pending:
+            by_node: dict[str, dict[str, int]] = defaultdict(dict)
+            for task in pending:
+                by_node[task.node][task.name] = task.port
+            poll = max(1.0, min(READY_POLL_S, deadline - time.monotonic()))
+            scripts = {
+                node: commands.wait_ports(self.transport.layout(node), ports, poll)
+                for node, ports in by_node.items()
+            }
+            try:
+                results = self.transport.run_all(scripts, timeout=poll + 30)
+            except RemoteError:
+                self.stop(self.started)
+                raise
+            for result in results.values():
+                states.update(facts.parse_readiness(result.stdout))
+            pending = [t for t in pending if states.get(t.name) == "timeout"]
+            if any(states.get(t.name) not in ("ready", "timeout") for t in tasks):
+                break  # dead (or unreadable): the job cannot start
+            if time.monotonic() >= deadline:
+                break
+        problems: list[str] = []
+        dead: list[TaskSpec] = []
+        for task in sorted(tasks, key=lambda t: (t.node, t.name)):
+            if states.get(task.name) == "dead":
+                dead.append(task)
+        for task in sorted(tasks, key=lambda t: (t.node, t.name)):
+            state = states.get(task.name, "unknown")
+            # Once a task died, the others' wait was cut short: only the
+            # dead ones are the cause.
+            if state != "ready" and (state == "dead" or not dead):
+                problems.append(f"{task.name} on {task.node} {self._why(state)}")
         if problems:
-            self.stop()
+            try:
+                codes = self.status()
+                details = self.failure_details(dead)
+            finally:  # a changed host key (raised) must not leave tasks running
+                self.stop(self.started)
+            exits = [s.exit_code for t in dead if (s := codes.get(t.name)) and s.exit_code]
+            exit_code = exits[0] if exits else None
             raise JobFailed(
-                "; ".join(problems), hint="`deploy.py logs` shows why the tasks did not come up"
+                "; ".join(problems)
+                + (f" (exit code {exit_code})" if exit_code is not None else ""),
+                exit_code=exit_code or 9,
+                hint="`deploy.py logs` shows why the tasks did not come up",
+                details=details,
             )
 
     def _why(self, state: str) -> str:
@@ -216,14 +296,18 @@ class Job:
                 return
             event = parse_line(line)
             if event is None:
-                self.on_log(line)
+                self.on_log(node_text(line))
                 return
             if event.kind == "done":
                 self.summary = event.get("summary")
             self.on_event(event)
 
         try:
-            self.transport.stream(self.chief.node, commands.follow_log(layout, "chief-0"), on_line)
+            self.transport.stream(
+                self.chief.node, commands.follow_log(layout, self.chief.name), on_line
+            )
+        except HostKeyChanged:
+            raise  # not a failed job: a node that may be someone else's (exit 8)
         except RemoteError as exc:
             raise JobFailed(
                 f"lost contact with the chief on {self.chief.node}: {exc}",
@@ -242,60 +326,147 @@ class Job:
         for task in self.tasks:
             by_node[task.node].append(task.name)
         out: dict[str, facts.TaskStatus] = {}
+        changed: HostKeyChanged | None = None
         for node, names in by_node.items():
             try:
                 result = self.transport.run(
                     node, commands.task_status(self.transport.layout(node), names), timeout=30
                 )
+            except HostKeyChanged as exc:
+                # Not "no status" (a node that is gone): one that may be
+                # someone else's; the others are asked, then it is raised.
+                changed = changed or exc
+                continue
             except RemoteError:
                 continue
             out.update(facts.parse_task_status(result.stdout))
+        if changed is not None:
+            raise changed
         return out
+
+    def running(self) -> list[TaskSpec]:
+        """The job's tasks that still run."""
+        alive = self.status()
+        return [t for t in self.tasks if (s := alive.get(t.name)) is not None and s.alive]
+
+    def failure_details(self, tasks: Sequence[TaskSpec]) -> list[str]:
+        """The last lines of these tasks' logs, ``node/task | line``."""
+        lines: list[str] = []
+        changed: HostKeyChanged | None = None
+        for task in tasks:
+            try:
+                result = self.transport.run(
+                    task.node,
+                    commands.task_log_tail(
+                        self.transport.layout(task.node), task.name, FAILURE_LINES
+                    ),
+                    timeout=30,
+                )
+            except HostKeyChanged as exc:
+                changed = changed or exc
+                continue
+            except RemoteError:
+                continue
+            lines += [
+                f"{task.node}/{task.name} | {node_text(line)}"
+                for line in result.stdout.splitlines()
+            ]
+        if changed is not None:
+            raise changed
+        return lines
+
+    def failed_tasks(self) -> list[TaskSpec]:
+        """The chief and every other task that ended with a non-zero code."""
+        states = self.status()
+        failed = [
+            t
+            for t in self.tasks
+            if (s := states.get(t.name)) and not s.alive and s.exit_code not in (0, None)
+        ]
+        return sorted(failed, key=lambda t: t is not self.chief)
 
     # -- stop and fetch ----------------------------------------------------------
 
     def stop(self, tasks: Sequence[TaskSpec] | None = None) -> list[str]:
         """Stop tasks (all by default) on every node that answers; a node
-        that is gone (stopped, killed) has nothing left to stop."""
+        that is gone (stopped, killed) has nothing left to stop. A node
+        whose host key changed is not one that is gone: the others are
+        stopped all the same, then its ``HostKeyChanged`` is raised."""
         by_node: dict[str, list[str]] = defaultdict(list)
         for task in tasks if tasks is not None else self.tasks:
             by_node[task.node].append(task.name)
-        stopped: list[str] = []
-        for node, names in by_node.items():
+        changed: list[HostKeyChanged] = []
+
+        def stop_on(node: str) -> list[str]:
+            names = by_node[node]
             try:
                 result = self.transport.run(
                     node, commands.stop_tasks(self.transport.layout(node), names), timeout=60
                 )
+            except HostKeyChanged as exc:
+                changed.append(exc)
+                return []
             except RemoteError as exc:
                 log.warning("could not reach %s to stop %s: %s", node, ", ".join(names), exc)
-                continue
-            stopped += [line.split()[1] for line in result.stdout.splitlines() if " " in line]
+                return []
+            return facts.parse_stopped(result.stdout)
+
+        # All nodes at once: each may wait out the grace of a program that
+        # ignores SIGTERM, and those waits must not add up. A changed host
+        # key is raised once every other node has been stopped.
+        with ThreadPoolExecutor(max_workers=min(16, len(by_node)) or 1) as pool:
+            stopped = [name for names in pool.map(stop_on, list(by_node)) for name in names]
+        if changed:
+            raise changed[0]
         return stopped
 
     def fetch(self, dest: Path) -> Path:
+        try:
+            # Here, for every transport: a file in the way or a folder one
+            # cannot write is one line (and after `run`, a warning), never a crash.
+            dest.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RemoteError(
+                f"cannot fetch into {str(dest)[:60]!r}: {exc.strerror or exc}",
+                hint="`deploy.py fetch --dest FOLDER` brings the run folder to another place",
+            ) from None
         self.transport.fetch(self.chief.node, self.output_dir, dest)
         return dest
 
     def run(self, dest: Path) -> int:
-        """start, follow, stop the rest, fetch; the chief's exit code.
-        Ctrl-C stops every task the job started."""
+        """start, then ``watch``."""
+        self.start()
+        return self.watch(dest)
+
+    def watch(self, dest: Path) -> int:
+        """Follow the started job to its end, stop the rest, fetch; the
+        chief's exit code. Ctrl-C stops every task of the job."""
+        started = time.monotonic()
         try:
-            self.start()
-            started = time.monotonic()
             code = self.follow()
         except KeyboardInterrupt:
             self.stop()
             raise Interrupted(
                 "interrupted: every task of the job was stopped",
-                hint="`deploy.py train --resume` continues from the last checkpoint",
+                hint="`deploy.py train --resume` continues a training from its last checkpoint",
             ) from None
         except BaseException:
             self.stop()
             raise
-        self.stop([t for t in self.tasks if t is not self.chief])
+        self.exit_code = code if code is not None else -1
+        try:
+            failed = self.failed_tasks() if code != 0 else []
+        finally:
+            # Even when a node's host key changed (failed_tasks raises it):
+            # the other tasks must not outlive the job.
+            self.stop([t for t in self.tasks if t is not self.chief])
         log.info("chief ended after %.0f s with exit code %s", time.monotonic() - started, code)
         try:
             self.fetch(dest)
+        except (HostKeyChanged, UnsafeRemoteEntry):
+            raise  # a node that may be someone else's: an error, never a warning
         except RemoteError as exc:
             log.warning("could not fetch the run folder: %s", exc)
-        return code if code is not None else -1
+        if failed:
+            self.failure = self.failure_details(failed)
+        return self.exit_code

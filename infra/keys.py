@@ -8,6 +8,7 @@ is ever copied into instance metadata.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -17,18 +18,37 @@ from infra.errors import ConfigError
 
 
 def ensure_key_pair(private_key: Path, comment: str) -> str:
-    """Create ``private_key`` (and ``.pub``) if missing; return the public key line."""
+    """Create ``private_key`` (and ``.pub``) if missing; return the public key line.
+
+    Safe when several processes do it at once (two first ``up``s, or a
+    ``status`` beside them): each writes a complete key to a temp file of
+    its own and hard-links it into place, which fails if a key is already
+    there; the losers then use the winner's key. So every caller ends with
+    the same, complete key, and none sees a half-written one."""
     public_key = private_key.with_name(private_key.name + ".pub")
-    if private_key.exists():
-        mode = private_key.stat().st_mode & 0o777
-        if mode & 0o077:
-            # OpenSSH refuses keys others can read; so do we, with the fix.
-            raise ConfigError(
-                f"{private_key}: permissions {oct(mode)} are too open; run chmod 600 {private_key}"
-            )
-        if not public_key.exists():
-            public_key.write_text(_public_line(_load(private_key), comment) + "\n")
-        return public_key.read_text().strip()
+    if not private_key.exists():
+        _create(private_key)
+    mode = private_key.stat().st_mode & 0o777
+    if mode & 0o077:
+        # OpenSSH refuses keys others can read; so do we, with the fix.
+        raise ConfigError(
+            f"{private_key}: permissions {oct(mode)} are too open; run chmod 600 {private_key}"
+        )
+    line = _public_line(_load(private_key), comment)
+    try:
+        written = public_key.read_text().strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        written = ""
+    if written.split()[:2] == line.split()[:2]:
+        return written  # the same key (its comment may be the user's)
+    # Missing, or left from a key deleted since: written from the private
+    # key, atomically (racing writers write the same line).
+    _write_atomic(public_key, (line + "\n").encode(), 0o644)
+    return line
+
+
+def _create(private_key: Path) -> None:
+    """A new key at ``private_key``, unless another process put one there first."""
     private_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(
@@ -36,13 +56,39 @@ def ensure_key_pair(private_key: Path, comment: str) -> str:
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     )
-    # Created 0600 from the start: never world-readable, not even briefly.
-    fd = os.open(private_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(pem)
-    line = _public_line(key, comment)
-    public_key.write_text(line + "\n")
-    return line
+    tmp = _write_temp(private_key, pem, 0o600)
+    try:
+        os.link(tmp, private_key)  # never replaces: the first key stays
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+
+
+def _write_temp(path: Path, data: bytes, mode: int) -> str:
+    """``data`` in a new temp file beside ``path``, synced to disk, with
+    ``mode`` from the start (mkstemp makes it 0600: never readable by
+    others, not even briefly)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = _write_temp(path, data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def read_public_key(private_key: Path) -> str:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from infra.config import ClusterConfig
 from infra.errors import ProviderError, StateError
 from infra.providers.base import Node, NodeProvider, NodeState
 
@@ -27,15 +26,29 @@ class UpPlan:
     wait: list[str]  # on their way up already (pending)
     reuse: list[str]  # running: nothing to do
     shared: list[str] = field(default_factory=list)  # firewall rules, keys: ensured
+    # Why a node in ``wait`` is not up (provider ssh: the host's probe, such
+    # as REFUSED); absent: a cloud node already starting.
+    why: dict[str, str] = field(default_factory=dict)
+    # Set when the existing nodes could not be listed (``up --dry-run``
+    # without credentials): why, and the plan assumes that none exists.
+    unlisted: str | None = None
 
     @property
     def changes(self) -> bool:
         return bool(self.create or self.start or self.wait)
 
-    def lines(self) -> list[str]:
-        out = [f"create  {name}" for name in self.create]
+    def lines(self, new_node: str | None = None) -> list[str]:
+        """One line per node and shared resource; ``new_node``: what a
+        created node is (the provider's ``planned_node``)."""
+        what = f" ({new_node})" if new_node else ""
+        out = [f"create  {name}{what}" for name in self.create]
         out += [f"start   {name}" for name in self.start]
-        out += [f"wait    {name} (already starting)" for name in self.wait]
+        out += [
+            f"wait    {name} (not answering on its SSH port: {self.why[name].lower()})"
+            if name in self.why
+            else f"wait    {name} (already starting)"
+            for name in self.wait
+        ]
         out += [f"keep    {name} (running)" for name in self.reuse]
         out += [f"ensure  {what}" for what in self.shared]
         return out
@@ -46,15 +59,19 @@ class DownPlan:
     delete: list[str]  # every node of the cluster, declared or not
     shared: list[str] = field(default_factory=list)
 
-    def lines(self) -> list[str]:
-        out = [f"delete  {name}" for name in self.delete]
+    def lines(self, verb: str = "delete") -> list[str]:
+        """``verb``: what ``down`` does to a node (the provider's
+        ``down_verb``); shared resources are always deleted."""
+        out = [f"{verb:<7} {name}" for name in self.delete]
         out += [f"delete  {what}" for what in self.shared]
         return out
 
 
-def plan_up(config: ClusterConfig, existing: Sequence[Node], shared: Sequence[str]) -> UpPlan:
+def plan_up(provider: NodeProvider, existing: Sequence[Node]) -> UpPlan:
+    config = provider.config
     by_name = {node.name: node for node in existing}
     create, start, wait, reuse = [], [], [], []
+    why = {}
     for name in config.nodes:
         node = by_name.get(name)
         if node is None:
@@ -63,9 +80,11 @@ def plan_up(config: ClusterConfig, existing: Sequence[Node], shared: Sequence[st
             start.append(name)
         elif node.state is NodeState.PENDING:
             wait.append(name)
+            if (reason := provider.pending_reason(node)) is not None:
+                why[name] = reason
         else:
             reuse.append(name)
-    return UpPlan(create, start, wait, reuse, list(shared))
+    return UpPlan(create, start, wait, reuse, provider.shared_resources(), why)
 
 
 def plan_down(existing: Sequence[Node], shared: Sequence[str]) -> DownPlan:
@@ -83,6 +102,10 @@ def apply_up(provider: NodeProvider, plan: UpPlan, *, timeout: float = 900.0) ->
     if plan.start:
         log.info("starting %s", ", ".join(plan.start))
         provider.start_nodes(plan.start)
+    if plan.wait:
+        # Nodes already on their way up; the provider knows how long they may
+        # take (provider ssh: ssh.boot_timeout, not the cloud's ``timeout``).
+        provider.wait_nodes(plan.wait)
     return wait_running(provider, provider.config.nodes, timeout=timeout)
 
 
@@ -151,7 +174,7 @@ def apply_down(provider: NodeProvider, plan: DownPlan) -> None:
     provider.release()
 
 
-def require_running(config: ClusterConfig, existing: Sequence[Node], names: Sequence[str]) -> None:
+def require_running(provider: NodeProvider, existing: Sequence[Node], names: Sequence[str]) -> None:
     """A one-line StateError unless every named node is running."""
     by_name = {n.name: n for n in existing}
     problems = []
@@ -160,7 +183,6 @@ def require_running(config: ClusterConfig, existing: Sequence[Node], names: Sequ
         if node is None:
             problems.append(f"{name} does not exist")
         elif node.state is not NodeState.RUNNING:
-            problems.append(f"{name} is {node.state.value}")
+            problems.append(provider.not_running(node))
     if problems:
-        fix = "deploy.py up" if config.provider != "ssh" else "check the hosts, then deploy.py up"
-        raise StateError(f"{'; '.join(problems)}: run `{fix}` first")
+        raise StateError(f"{'; '.join(problems)}: {provider.not_running_hint}")

@@ -99,7 +99,7 @@ _EXTERNAL_IP_SPOT_HOURLY = 0.0025
 SPOT_FACTOR = 0.30
 SPOT_GPU_FACTOR = 0.40
 
-_PREDEFINED = re.compile(r"^(?P<family>[a-z][a-z0-9]*)-(?P<shape>[a-z]+)-(?P<vcpus>\d+)$")
+_PREDEFINED = re.compile(r"^(?P<family>[a-z][a-z0-9]*)-(?P<shape>[a-z]+)-(?P<vcpus>\d+)\Z")
 
 
 @dataclass(frozen=True)

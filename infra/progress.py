@@ -9,10 +9,28 @@ the log, so it can be tested on recorded output.
 from __future__ import annotations
 
 import json
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.text import node_text
+from trainer.progress import STARTUP_ENV
+
 PREFIX = "@tfcluster "
+
+# What each start-up stage is called on screen (the trainer's and ours).
+STAGES = {
+    "command": "command ready",
+    "sync": "code synced",
+    "start_tasks": "tasks started",
+    "ready": "ps and workers ready",
+    "launch": "chief launched",
+    "tensorflow": "TensorFlow imported",
+    "build": "model and inputs built",
+    "first_step": "first step",
+}
 
 
 @dataclass(frozen=True)
@@ -34,24 +52,64 @@ def parse_line(line: str) -> ProgressEvent | None:
         return None
     try:
         data = json.loads(line[start + len(PREFIX) :])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
+        # ValueError: malformed JSON, or an integer of more digits than
+        # Python converts; RecursionError: arrays nested thousands deep.
         return None
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         return None
     return ProgressEvent(kind=data.pop("event"), data=data)
 
 
+class StartupClock:
+    """The orchestrator's share of a job's start-up: each ``mark`` ends a
+    stage and says it as a ``startup`` event, like the chief's own stages.
+    ``for_chief`` is what the chief is told (``TFCLUSTER_STARTUP``), so its
+    summary.json holds the whole start-up from the command on."""
+
+    def __init__(
+        self, on_event: Callable[[ProgressEvent], None], started: float | None = None
+    ) -> None:
+        self.on_event = on_event
+        self.parts: dict[str, float] = {}
+        self._last = time.monotonic()
+        if started is not None:  # the command's process start (monotonic)
+            self.parts["command"] = max(0.0, self._last - started)
+
+    def mark(self, stage: str) -> None:
+        now = time.monotonic()
+        self.parts[stage] = self.parts.get(stage, 0.0) + max(0.0, now - self._last)
+        self._last = now
+        self.on_event(
+            ProgressEvent("startup", {"stage": stage, "seconds": round(self.parts[stage], 3)})
+        )
+
+    def for_chief(self) -> dict[str, str]:
+        """The chief's environment entry, made as its start is issued: the
+        stages so far, ``start_tasks`` up to now, and the wall-clock time."""
+        parts = dict(self.parts)
+        parts["start_tasks"] = parts.get("start_tasks", 0.0) + time.monotonic() - self._last
+        parts["issued"] = time.time()
+        return {STARTUP_ENV: json.dumps(parts)}
+
+
 def describe(event: ProgressEvent) -> str:
-    """A short human line for an event (used by logs and non-TTY output)."""
+    """A short human line for an event (used by logs and non-TTY output).
+    Its fields come from the chief's node: the line is plain text without
+    terminal controls (print it with markup off), and a field of the wrong
+    type is shown, never a crash."""
+    return node_text(_describe(event))
+
+
+def _describe(event: ProgressEvent) -> str:
     if event.kind == "progress":
         step, total = event.get("step", 0), event.get("total_steps", 0)
-        metrics = event.get("metrics") or {}
-        shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, int | float))
+        shown = metrics_text(event.get("metrics"), ".4g")
         eta = event.get("eta")
         eta_text = f" eta {format_seconds(eta)}" if isinstance(eta, int | float) else ""
         return (
-            f"step {step}/{total} loss {event.get('loss', float('nan')):.4f} {shown} "
-            f"{event.get('examples_per_sec', 0):.0f} ex/s{eta_text}"
+            f"step {step}/{total} loss {number(event.get('loss', float('nan')), '.4f')} {shown} "
+            f"{number(event.get('examples_per_sec', 0), '.0f')} ex/s{eta_text}"
         ).replace("  ", " ")
     if event.kind == "start":
         return (
@@ -64,6 +122,13 @@ def describe(event: ProgressEvent) -> str:
                 else ""
             )
         )
+    if event.kind == "startup":
+        stage = event.get("stage")
+        label = STAGES.get(stage, stage) if isinstance(stage, str) else stage
+        text = f"startup: {label} {number(event.get('seconds'), '.1f')} s"
+        if event.get("total") is not None:
+            text += f", {number(event.get('total'), '.1f')} s from the command"
+        return text
     if event.kind == "phase":
         return f"phase {event.get('name')}"
     if event.kind == "checkpoint":
@@ -76,21 +141,49 @@ def describe(event: ProgressEvent) -> str:
 
 
 def summary_text(summary: dict[str, Any]) -> str:
+    """One line for a run's summary (the chief's, or its summary.json):
+    plain text without terminal controls; print it with markup off."""
+    if not isinstance(summary, dict):
+        summary = {}
     parts = [
-        f"{summary.get('steps')} steps in {summary.get('training_seconds', 0):.1f} s",
-        f"{summary.get('examples_per_sec', 0):.0f} examples/s",
+        f"{summary.get('steps')} steps in {number(summary.get('training_seconds', 0), '.1f')} s",
+        f"{number(summary.get('examples_per_sec', 0), '.0f')} examples/s",
     ]
     if summary.get("test_accuracy") is not None:
-        parts.append(f"test accuracy {summary['test_accuracy']:.4f}")
+        parts.append(f"test accuracy {number(summary['test_accuracy'], '.4f')}")
     if summary.get("psnr_reconstructed") is not None:
         parts.append(
-            f"PSNR {summary.get('psnr_corrupted', 0):.2f} dB corrupted -> "
-            f"{summary['psnr_reconstructed']:.2f} dB reconstructed"
+            f"PSNR {number(summary.get('psnr_corrupted', 0), '.2f')} dB corrupted -> "
+            f"{number(summary['psnr_reconstructed'], '.2f')} dB reconstructed"
         )
-    return ", ".join(parts)
+    return node_text(", ".join(parts))
+
+
+def metrics_text(metrics: Any, spec: str) -> str:
+    """``name value`` pairs of an event's numeric metrics (names cleaned)."""
+    if not isinstance(metrics, dict):
+        return ""
+    return " ".join(
+        f"{node_text(str(k))} {number(v, spec)}"
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    )
+
+
+def number(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec`` if it is a number, else as text: a
+    field of the wrong type from a node is shown, never a crash."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return format(value, spec)
+        except (OverflowError, ValueError):  # an int past float's range
+            return "?"
+    return node_text(str(value))
 
 
 def format_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds > 1e9:  # NaN, Infinity, nonsense
+        return "?"
     seconds = max(0, int(seconds))
     if seconds < 60:
         return f"{seconds}s"

@@ -5,277 +5,52 @@ drops); long-running ones (``tail -F``) are streamed over a raw channel so
 each line reaches the caller as it arrives; files move with SFTP, or with
 rsync over the very same SSH settings when both ends have it.
 
-Host keys are pinned per cluster in ``ClusterState.known_hosts`` (OpenSSH
-format): an unknown host is recorded on first contact (``PinningPolicy``),
-a known host that presents another key is refused with ``HostKeyChanged``.
-Nothing here reads ``~/.ssh/known_hosts``, ``~/.ssh/config`` or an agent:
-a cluster logs in with its own key and trusts only its own pins, and the
-system ``ssh`` (``interactive``, rsync's transport) is pointed at the same
-key and pins with ``StrictHostKeyChecking=yes``.
+Every connection trusts only the cluster's pinned host keys
+(``infra/hostkeys.py``); what a fetch lets a node write here is checked in
+``infra/fetch.py``. Nothing here reads ``~/.ssh/known_hosts``,
+``~/.ssh/config`` or an agent: a cluster logs in with its own key and
+trusts only its own pins, and the system ``ssh`` (``interactive``, rsync's
+transport) is pointed at the same key and pins with
+``StrictHostKeyChecking=yes``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
-import os
 import shlex
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import paramiko
-from fabric import Config, Connection
+from fabric import Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
-from paramiko.hostkeys import HostKeyEntry
-from paramiko.ssh_exception import (
-    AuthenticationException,
-    BadHostKeyException,
-    NoValidConnectionsError,
-    SSHException,
-)
+from paramiko.ssh_exception import SSHException
 
 from infra.config import ClusterConfig
-from infra.errors import ConfigError, HostKeyChanged, RemoteError
+from infra.errors import RemoteError, combine_errors
+from infra.fanout import fan_out
+from infra.fetch import fetch_staged, rsync_fetch_args, sftp_fetch
+from infra.hostkeys import SSH_HOST_KEY_REFUSED, forget_host, host_key_changed, known_hosts_name
+from infra.ssh_connections import SshConnections, SshTarget
 from infra.state import ClusterState
-from infra.transport import CommandResult, NodeLayout, Transport
+from infra.transport import CommandResult, NodeLayout, Transport, free_local_port
+
+if TYPE_CHECKING:
+    from infra.providers.base import HostKeys
 
 log = logging.getLogger("tfcluster")
 # Paramiko logs every failed handshake (a booting node's closed banner) with
 # a traceback at ERROR; each failure reaches the user once, as a RemoteError
 # with its fix, so its own log is kept to what is fatal.
 logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
-_T = TypeVar("_T")
-
-# The known_hosts file is shared by every connection of this process (and by
-# other tfcluster processes of the same cluster): writes are serialised.
-_PIN_LOCK = threading.Lock()
-
-# While a node boots, sshd may accept keys only after the guest agent has
-# installed them: an authentication failure is retried this long before it
-# counts as final (a wrong key should not make the user wait boot_timeout).
-AUTH_GRACE_S = 30.0
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    """Where this machine reaches one node's sshd."""
-
-    node: str
-    host: str
-    port: int = 22
-
-
-# -- host keys -------------------------------------------------------------------
-
-
-def known_hosts_name(host: str, port: int) -> str:
-    """The host's name in known_hosts, as OpenSSH writes it."""
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """``SHA256:...``, as ``ssh-keygen -lf`` prints it."""
-    return key.fingerprint
-
-
-def forget_host(known_hosts: Path, host: str, port: int = 22) -> bool:
-    """Remove the pinned keys of ``host:port`` (after a node was re-created);
-    returns whether there was any. Backs ``deploy.py forget-host``."""
-    name = known_hosts_name(host, port)
-    with _pinned_file(known_hosts):
-        try:
-            lines = known_hosts.read_text().splitlines(keepends=True)
-        except FileNotFoundError:
-            return False
-        kept = []
-        for line in lines:
-            entry = HostKeyEntry.from_line(line)
-            if entry is not None and any(_host_matches(h, name) for h in entry.hostnames):
-                continue
-            kept.append(line)
-        if len(kept) == len(lines):
-            return False
-        _atomic_write(known_hosts, "".join(kept))
-        return True
-
-
-def _host_matches(pattern: str, name: str) -> bool:
-    """A known_hosts hostname field (plain or hashed) against ``name``."""
-    if pattern.startswith("|1|"):
-        return paramiko.HostKeys.hash_host(name, pattern) == pattern
-    return pattern == name
-
-
-@contextlib.contextmanager
-def _pinned_file(known_hosts: Path) -> Iterator[None]:
-    """Exclusive use of ``known_hosts``: threads here and other processes."""
-    known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with _PIN_LOCK, open(known_hosts.with_name(known_hosts.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
-def host_key_changed(
-    node: str, name: str, known_hosts: Path, offered: paramiko.PKey
-) -> HostKeyChanged:
-    return HostKeyChanged(
-        f"{node}: the host key of {name} is not the one pinned on first contact "
-        f"(it now offers {offered.get_name()} {fingerprint(offered)}); refusing to connect",
-        hint=(
-            f"if {node} was re-created, forget its old key: "
-            f"ssh-keygen -R '{name}' -f {known_hosts} ; otherwise someone may be "
-            "intercepting the connection"
-        ),
-    )
-
-
-class PinningPolicy(paramiko.MissingHostKeyPolicy):
-    """Trust on first use, per cluster.
-
-    Paramiko calls this only for a host with no key in the client's loaded
-    known_hosts. The file is re-read under a lock first (another thread or
-    process may have pinned the host meanwhile): a host found there with a
-    different key is refused; a host found nowhere is recorded and accepted.
-    """
-
-    def __init__(self, known_hosts: Path, node: str) -> None:
-        self.known_hosts = known_hosts
-        self.node = node
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        with _pinned_file(self.known_hosts):
-            pinned = paramiko.HostKeys()
-            if self.known_hosts.exists():
-                pinned.load(str(self.known_hosts))
-            known = pinned.lookup(hostname)
-            if known is not None:
-                # Any key on record, of this type or another, must match:
-                # a host that switched key types is a changed host too.
-                if known.get(key.get_name()) != key:
-                    raise host_key_changed(self.node, hostname, self.known_hosts, key)
-            else:
-                with open(self.known_hosts, "a") as out:
-                    os.chmod(self.known_hosts, 0o600)
-                    # The node's name as the comment: says which line is whose.
-                    out.write(f"{hostname} {key.get_name()} {key.get_base64()} {self.node}\n")
-                log.info("%s: pinned host key %s %s", self.node, key.get_name(), fingerprint(key))
-        client.get_host_keys().add(hostname, key.get_name(), key)
-
-
-# -- connection errors -----------------------------------------------------------
-
-
-class _Unreachable(RemoteError):
-    """A connection failure; ``retry`` says whether waiting may fix it."""
-
-    def __init__(self, message: str, *, hint: str | None = None, retry: bool, auth: bool = False):
-        super().__init__(message, hint=hint)
-        self.retry = retry
-        self.auth = auth
-
-
-def connect_error(
-    target: SshTarget, user: str, key_file: Path, timeout: float, exc: BaseException
-) -> RemoteError:
-    """The one-line error (with its fix) for failing to reach ``target``."""
-    where = f"{user}@{target.host}:{target.port}"
-    node = target.node
-    if isinstance(exc, HostKeyChanged):
-        return exc
-    if isinstance(exc, AuthenticationException):
-        return _Unreachable(
-            f"{node}: authentication failed for {where} with key {key_file}",
-            hint=(
-                f"the node must list {key_file}.pub in ~{user}/.ssh/authorized_keys "
-                "(`deploy.py up` does so on GCE; on your own hosts add it yourself), "
-                "or set ssh.key_file / ssh.user to a login the node accepts"
-            ),
-            retry=True,
-            auth=True,
-        )
-    if isinstance(exc, socket.gaierror):
-        return _Unreachable(
-            f"{node}: unknown host {target.host!r}: the name does not resolve",
-            hint=f"fix hosts.{node}.address in cluster.yaml (a name or IP this machine resolves)",
-            retry=False,
-        )
-    refused = isinstance(exc, ConnectionRefusedError) or (
-        isinstance(exc, NoValidConnectionsError)
-        and all(getattr(e, "errno", None) == errno.ECONNREFUSED for e in exc.errors.values())
-    )
-    if refused:
-        return _Unreachable(
-            f"{node}: connection refused at {target.host}:{target.port}: no sshd listens there",
-            hint=(
-                "the machine may still be booting (wait and retry), sshd may be stopped, "
-                f"or the port is wrong (hosts.{node}.port / ssh.port)"
-            ),
-            retry=True,
-        )
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return _Unreachable(
-            f"{node}: timed out after {timeout:g} s connecting to {target.host}:{target.port}",
-            hint=(
-                "the machine is down or unreachable, or a firewall drops port "
-                f"{target.port}; a slow link needs a larger ssh.connect_timeout"
-            ),
-            retry=True,
-        )
-    if isinstance(exc, NoValidConnectionsError | OSError) and not isinstance(exc, SSHException):
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return _Unreachable(
-            f"{node}: cannot reach {target.host}:{target.port}: {why}",
-            hint="check that the machine is up and its address is right",
-            retry=True,
-        )
-    if isinstance(exc, SSHException | EOFError):
-        return _Unreachable(
-            f"{node}: SSH handshake with {where} failed: {exc or type(exc).__name__}",
-            hint="sshd may still be starting (retry in a moment), or that port is not sshd",
-            retry=True,
-        )
-    return _Unreachable(f"{node}: cannot connect to {where}: {exc!r}", retry=False)
-
-
-# -- the transport -----------------------------------------------------------------
-
-
-def load_private_key(key_file: Path) -> paramiko.PKey:
-    try:
-        return paramiko.PKey.from_path(key_file)
-    except FileNotFoundError:
-        raise ConfigError(f"ssh key {key_file} does not exist") from None
-    except paramiko.PasswordRequiredException:
-        raise ConfigError(
-            f"ssh key {key_file} is protected by a passphrase; tfcluster needs an "
-            "unencrypted key (remove ssh.key_file to use a per-cluster key)"
-        ) from None
-    except (SSHException, ValueError) as exc:
-        raise ConfigError(f"ssh key {key_file} cannot be read: {exc}") from None
 
 
 class _Liveness:
@@ -336,7 +111,12 @@ class SshTransport(Transport):
         config: ClusterConfig,
         state: ClusterState,
         key_file: Path,
+        host_keys: Callable[[str], HostKeys | None] | None = None,
+        auth_hint: Callable[[], str | None] | None = None,
     ) -> None:
+        """``host_keys``: the provider's ``host_keys`` by node name (None:
+        trust on first use). ``auth_hint``: the provider's word on why the
+        nodes may refuse our key (GCE: OS Login enforced), for that error."""
         super().__init__([t.node for t in targets])
         self.targets = {t.node: t for t in targets}
         self.config = config
@@ -344,11 +124,15 @@ class SshTransport(Transport):
         self.key_file = Path(key_file)
         self.user = config.ssh.user
         self.connect_timeout = config.ssh.connect_timeout
-        self._pkey: paramiko.PKey | None = None
-        self._conns: dict[str, Connection] = {}
-        self._sftp: dict[str, paramiko.SFTPClient] = {}
         self._rsync: dict[str, bool] = {}
-        self._locks = {t.node: threading.Lock() for t in targets}
+        self.connections = SshConnections(
+            self.targets,
+            config=config,
+            state=state,
+            key_file=self.key_file,
+            host_keys=host_keys,
+            auth_hint=auth_hint,
+        )
 
     # -- paths ---------------------------------------------------------------
 
@@ -364,145 +148,34 @@ class SshTransport(Transport):
         )
 
     def target(self, node: str) -> SshTarget:
-        try:
-            return self.targets[node]
-        except KeyError:
-            raise RemoteError(f"{node}: not a node of this transport") from None
+        return self.connections.target(node)
 
-    # -- connections -------------------------------------------------------------
-
-    def _key(self) -> paramiko.PKey:
-        if self._pkey is None:
-            self._pkey = load_private_key(self.key_file)
-        return self._pkey
+    # -- connections (infra/ssh_connections.py) -----------------------------------
 
     def connection(self, node: str) -> Connection:
         """The node's open connection (opened, or reopened after a drop)."""
-        target = self.target(node)
-        with self._locks[node]:
-            conn = self._conns.get(node)
-            if conn is not None and conn.is_connected:
-                return conn
-            if conn is not None:
-                self._drop(node)
-            conn = self._new_connection(target)
-            try:
-                conn.open()
-            except HostKeyChanged:
-                conn.close()
-                raise
-            except BadHostKeyException as exc:
-                conn.close()
-                name = known_hosts_name(target.host, target.port)
-                raise host_key_changed(node, name, self.state.known_hosts, exc.key) from None
-            except (OSError, SSHException, EOFError) as exc:
-                conn.close()
-                raise connect_error(
-                    target, self.user, self.key_file, self.connect_timeout, exc
-                ) from None
-            assert conn.transport is not None
-            # Keepalives notice a vanished peer (a preempted VM) on idle links.
-            conn.transport.set_keepalive(15)
-            self._conns[node] = conn
-            return conn
+        return self.connections.get(node)
 
-    def _new_connection(self, target: SshTarget) -> Connection:
-        # An explicit empty SSHConfig: ~/.ssh/config must not redirect a
-        # cluster's node (another user, port or ProxyCommand).
-        fab_config = Config(ssh_config=paramiko.SSHConfig(), lazy=True)
-        conn = Connection(
-            target.host,
-            user=self.user,
-            port=target.port,
-            config=fab_config,
-            connect_kwargs={
-                "pkey": self._key(),
-                "look_for_keys": False,
-                "allow_agent": False,
-                "timeout": self.connect_timeout,
-                "banner_timeout": self.connect_timeout,
-                "auth_timeout": self.connect_timeout,
-            },
-        )
-        # Replace Fabric's AutoAddPolicy: only the cluster's pins are trusted.
-        client = conn.client
-        known = self.state.known_hosts
-        if known.exists():
-            with _pinned_file(known):
-                client.get_host_keys().load(str(known))
-        client.set_missing_host_key_policy(PinningPolicy(known, target.node))
-        return conn
+    def sftp(self, node: str) -> paramiko.SFTPClient:
+        return self.connections.sftp(node)
 
     def _drop(self, node: str) -> None:
-        sftp = self._sftp.pop(node, None)
-        if sftp is not None:
-            with contextlib.suppress(Exception):
-                sftp.close()
-        conn = self._conns.pop(node, None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        self.connections.drop(node)
+
+    def _lost(self, node: str) -> bool:
+        return self.connections.lost(node)
 
     def close(self) -> None:
-        for node in list(self._conns):
-            self._drop(node)
+        self.connections.close()
 
     def __enter__(self) -> SshTransport:
         return self
 
-    def _lost(self, node: str) -> bool:
-        conn = self._conns.get(node)
-        return conn is None or not conn.is_connected
-
     def wait_ready(self, timeout: float | None = None, nodes: Sequence[str] | None = None) -> None:
-        """Connect to every node, retrying while they boot (refused, timed
-        out, handshake cut short, key not yet authorized) until ``timeout``
-        (default ``ssh.boot_timeout``). One ``RemoteError`` names every node
-        that never came up and why; a changed host key fails at once."""
-        limit = self.config.ssh.boot_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        names = list(nodes) if nodes is not None else list(self.nodes)
-
-        def wait(node: str) -> None:
-            delay = 0.5
-            first_auth: float | None = None
-            while True:
-                try:
-                    self.connection(node)
-                    return
-                except _Unreachable as exc:
-                    now = time.monotonic()
-                    if exc.auth:
-                        first_auth = first_auth if first_auth is not None else now
-                    if (
-                        not exc.retry
-                        or now + delay > deadline
-                        or (first_auth is not None and now - first_auth > AUTH_GRACE_S)
-                    ):
-                        raise
-                    log.debug("%s not ready yet: %s", node, exc)
-                time.sleep(delay)
-                delay = min(delay * 1.5, 5.0)
-
-        failures: dict[str, RemoteError] = {}
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
-            futures = {node: pool.submit(wait, node) for node in names}
-            for node, future in futures.items():
-                try:
-                    future.result()
-                except RemoteError as exc:
-                    failures[node] = exc
-        if not failures:
-            return
-        changed = [e for e in failures.values() if isinstance(e, HostKeyChanged)]
-        if changed:
-            raise changed[0]
-        down = ", ".join(sorted(failures))
-        raise RemoteError(
-            f"{down} did not accept SSH within {limit:g} s: "
-            + "; ".join(str(failures[n]) for n in sorted(failures)),
-            hint=next((e.hint for e in failures.values() if e.hint), None),
-        )
+        """Connect to every node (or those of ``nodes``), retrying while they
+        boot, until ``timeout`` (default ``ssh.boot_timeout``); see
+        ``SshConnections.wait_ready``."""
+        self.connections.wait_ready(list(self.nodes if nodes is None else nodes), timeout)
 
     # -- commands -----------------------------------------------------------------
 
@@ -572,33 +245,7 @@ class SshTransport(Transport):
             chan.shutdown_write()
             reader = threading.Thread(target=drain_stderr, daemon=True)
             reader.start()
-            buffer = b""
-            chan.settimeout(0.5)
-            liveness = _Liveness(conn.transport)
-            while True:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RemoteError(f"{node}: command timed out after {timeout:g} s")
-                try:
-                    data = chan.recv(65536)
-                except TimeoutError:
-                    if not conn.transport.is_active():
-                        break
-                    if not liveness.check():
-                        self._drop(node)
-                        raise RemoteError(
-                            f"{node}: no answer for {liveness.silent_s():.0f} s: the node "
-                            "stopped or the network to it is down"
-                        ) from None
-                    continue
-                if not data:
-                    break
-                liveness.heard()
-                buffer += data
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    on_line(line.decode("utf-8", "replace").rstrip("\r"))
-            if buffer:
-                on_line(buffer.decode("utf-8", "replace").rstrip("\r"))
+            self._read_lines(node, chan, conn.transport, on_line, deadline, timeout)
             if not chan.exit_status_ready() and not conn.transport.is_active():
                 raise RemoteError(f"{node}: lost the SSH connection while following the output")
             chan.settimeout(None)
@@ -613,48 +260,57 @@ class SshTransport(Transport):
         finally:
             chan.close()
 
+    def _read_lines(
+        self,
+        node: str,
+        chan: paramiko.Channel,
+        transport: paramiko.Transport,
+        on_line: Callable[[str], None],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> None:
+        """``on_line`` with each stdout line of ``chan`` until it ends (or
+        the connection does); a node that stops answering is an error."""
+        buffer = b""
+        chan.settimeout(0.5)
+        liveness = _Liveness(transport)
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise RemoteError(f"{node}: command timed out after {timeout:g} s")
+            try:
+                data = chan.recv(65536)
+            except TimeoutError:
+                if not transport.is_active():
+                    break
+                if not liveness.check():
+                    self._drop(node)
+                    raise RemoteError(
+                        f"{node}: no answer for {liveness.silent_s():.0f} s: the node "
+                        "stopped or the network to it is down"
+                    ) from None
+                continue
+            if not data:
+                break
+            liveness.heard()
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                on_line(line.decode("utf-8", "replace").rstrip("\r"))
+        if buffer:
+            on_line(buffer.decode("utf-8", "replace").rstrip("\r"))
+
     def run_all(
         self, commands: Mapping[str, str], *, timeout: float | None = None
     ) -> dict[str, CommandResult]:
         """One command per node, in parallel; every unreachable node is
         named in one error (a changed host key keeps its own type)."""
-        results, failures = self.map(
-            lambda node: self.run(node, commands[node], timeout=timeout), list(commands)
-        )
-        if failures:
-            raise combine_errors(failures)
-        return results
-
-    def map(
-        self, fn: Callable[[str], _T], nodes: Sequence[str]
-    ) -> tuple[dict[str, _T], dict[str, RemoteError]]:
-        """``fn(node)`` on every node at once: results and RemoteErrors by node."""
-        results: dict[str, _T] = {}
-        failures: dict[str, RemoteError] = {}
-        if not nodes:
-            return results, failures
-        with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
-            futures = {node: pool.submit(fn, node) for node in nodes}
-            for node, future in futures.items():
-                try:
-                    results[node] = future.result()
-                except RemoteError as exc:
-                    failures[node] = exc
-        return results, failures
+        done = fan_out(lambda node: self.run(node, commands[node], timeout=timeout), commands)
+        if done.errors:
+            raise combine_errors(done.errors)
+        return done.results
 
     # -- files --------------------------------------------------------------------
 
-    def sftp(self, node: str) -> paramiko.SFTPClient:
-        conn = self.connection(node)
-        with self._locks[node]:
-            client = self._sftp.get(node)
-            if client is None:
-                try:
-                    client = conn.client.open_sftp()
-                except (SSHException, OSError, EOFError) as exc:
-                    raise RemoteError(f"{node}: cannot open SFTP: {exc}") from None
-                self._sftp[node] = client
-            return client
 
     def upload(self, node: str, local: Path | bytes, remote_path: str) -> None:
         """Write a local file (or bytes) to ``remote_path`` (relative to home)."""
@@ -672,10 +328,6 @@ class SshTransport(Transport):
             self._drop(node)
             raise RemoteError(f"{node}: lost the SSH connection: {exc}") from None
 
-    @staticmethod
-    def has_local_rsync() -> bool:
-        return shutil.which("rsync") is not None
-
     def has_rsync(self, node: str) -> bool:
         """rsync on both ends (cached per node)."""
         if not self.has_local_rsync():
@@ -692,17 +344,20 @@ class SshTransport(Transport):
         """The system ssh with this cluster's key and pins, up to the host
         (no command): for rsync's ``-e`` and ``interactive``."""
         target = self.target(node)
+        alias = self.connections.aliases.get(node)
         argv = [
             "ssh",
-            "-i", str(self.key_file),
+            # -o, not -i: ssh checks an -i file before expanding its %-tokens.
+            "-o", f"IdentityFile={_ssh_option_path(self.key_file)}",
             "-p", str(target.port),
             "-l", self.user,
             "-o", "IdentitiesOnly=yes",
             "-o", "IdentityAgent=none",
-            "-o", f"UserKnownHostsFile={self.state.known_hosts}",
+            "-o", f"UserKnownHostsFile={_ssh_option_path(self.state.known_hosts)}",
             "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes",
             "-o", "HashKnownHosts=no",
+            *(["-o", f"HostKeyAlias={alias}"] if alias else []),
             "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
             "-o", "ServerAliveInterval=15",
             "-F", "/dev/null",
@@ -735,6 +390,13 @@ class SshTransport(Transport):
         except subprocess.TimeoutExpired:
             raise RemoteError(f"{node}: rsync timed out after {timeout:g} s") from None
         if done.returncode != 0:
+            if SSH_HOST_KEY_REFUSED in done.stderr:
+                # The paramiko connection above was made with the pinned key;
+                # this new one met another (re-created node, or someone in
+                # the middle): as refused as it would be by paramiko.
+                target = self.target(node)
+                name = known_hosts_name(target.host, target.port)
+                raise host_key_changed(node, name, self.state.known_hosts, None)
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
             raise RemoteError(f"{node}: rsync failed (exit {done.returncode}): {tail}")
         return done.stdout
@@ -742,7 +404,13 @@ class SshTransport(Transport):
     def fetch(self, node: str, remote_path: str, local_dir: Path) -> None:
         """The folder ``remote_path`` into ``local_dir``, incrementally: rsync
         when both ends have it, else SFTP copying only files whose size or
-        modification time differ."""
+        modification time differ.
+
+        The node is not trusted with this machine's files: only plain files
+        and folders whose names are one plain path component arrive, each
+        inside ``local_dir``. A name with ``/`` or ``..``, a symlink or a
+        special file fails the fetch (``UnsafeRemoteEntry`` naming the node
+        and the entry) before anything is written for it."""
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
         remote = remote_path.rstrip("/") or "/"
@@ -750,25 +418,41 @@ class SshTransport(Transport):
             check = self.run(node, f"test -d {_word(remote)}", timeout=30)
             if not check.ok:
                 raise RemoteError(f"{node}: {remote_path} does not exist")
-            self.rsync(node, ["-a", self.rsync_remote(node, remote + "/"), f"{local_dir}/"])
+            source = self.rsync_remote(node, remote + "/")
+            fetch_staged(
+                node,
+                remote,
+                local_dir,
+                lambda staging: self.rsync(node, rsync_fetch_args(source, staging, local_dir)),
+            )
             return
-        sftp = self.sftp(node)
         try:
-            if not stat.S_ISDIR(sftp.stat(remote).st_mode or 0):
-                raise RemoteError(f"{node}: {remote_path} is not a folder")
-        except FileNotFoundError:
-            raise RemoteError(f"{node}: {remote_path} does not exist") from None
-        try:
-            _sftp_get_tree(sftp, remote, local_dir)
+            sftp_fetch(node, self.sftp(node), remote, remote_path, local_dir)
         except (SSHException, EOFError) as exc:
             self._drop(node)
             raise RemoteError(f"{node}: lost the SSH connection while fetching: {exc}") from None
-        except OSError as exc:
-            raise RemoteError(f"{node}: cannot fetch {remote_path}: {exc}") from None
+
+    # -- a port of the node, here -------------------------------------------------
+
+    @contextlib.contextmanager
+    def forward(self, node: str, remote_port: int, local_port: int = 0) -> Iterator[int]:
+        """``remote_port`` of the node's 127.0.0.1 on a port of this
+        machine's 127.0.0.1 (``ssh -L``), through the node's connection
+        (its pinned host key); only this machine can use the tunnel."""
+        conn = self.connection(node)
+        port = free_local_port(local_port)
+        try:
+            with conn.forward_local(
+                port, remote_port, remote_host="127.0.0.1", local_host="127.0.0.1"
+            ):
+                _wait_listening(node, port)
+                yield port
+        except ThreadException as exc:
+            raise RemoteError(f"{node}: the tunnel to port {remote_port} failed: {exc}") from None
 
     # -- a shell for the user ----------------------------------------------------
 
-    def interactive(self, node: str) -> int:
+    def interactive(self, node: str) -> int | None:
         """An interactive login shell on ``node`` with the system ssh (the
         cluster key, the pinned host key); returns ssh's exit code."""
         # Waits while the node boots; pins its host key on first contact, so
@@ -786,42 +470,42 @@ class SshTransport(Transport):
         return subprocess.call([*argv, *tty, target.host])
 
 
+# How long Fabric's tunnel thread may take to bind its local port.
+TUNNEL_LISTEN_S = 10.0
+
+
+def _wait_listening(node: str, port: int) -> None:
+    """Until the tunnel's local port accepts a connection. Fabric binds it
+    in the tunnel's own thread, after ``forward_local`` has returned: a URL
+    handed out at once was sometimes refused (seen in CI). The probe's
+    connection goes through to the node and is closed at once."""
+    deadline = time.monotonic() + TUNNEL_LISTEN_S
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RemoteError(
+                    f"{node}: the tunnel's local port {port} did not open "
+                    f"in {TUNNEL_LISTEN_S:.0f} s"
+                ) from None
+            time.sleep(0.02)
+
+
+def _ssh_option_path(path: Path) -> str:
+    """A file as an ``-o Key=value`` value: OpenSSH expands %-tokens in file
+    options and splits the value at spaces unless double-quoted (with \\
+    and \" escaped)."""
+    text = str(path).replace("%", "%%")
+    if all(c.isalnum() or c in "_./+,:@-" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _word(path: str) -> str:
     """A remote path as a bash word: absolute as is, relative from home."""
     return shlex.quote(path)
-
-
-def _sftp_get_tree(sftp: paramiko.SFTPClient, remote: str, local: Path) -> None:
-    for entry in sftp.listdir_attr(remote):
-        name = entry.filename
-        source = str(PurePosixPath(remote) / name)
-        dest = local / name
-        mode = entry.st_mode or 0
-        if stat.S_ISDIR(mode):
-            dest.mkdir(exist_ok=True)
-            _sftp_get_tree(sftp, source, dest)
-        elif stat.S_ISREG(mode):
-            try:
-                have = dest.stat()
-                if have.st_size == entry.st_size and int(have.st_mtime) == entry.st_mtime:
-                    continue
-            except FileNotFoundError:
-                pass
-            sftp.get(source, str(dest))
-            if entry.st_mtime is not None:
-                os.utime(dest, (entry.st_atime or entry.st_mtime, entry.st_mtime))
-
-
-def combine_errors(failures: Mapping[str, RemoteError]) -> RemoteError:
-    """One error for several nodes; a changed host key wins (its exit code)."""
-    for exc in failures.values():
-        if isinstance(exc, HostKeyChanged):
-            return exc
-    if len(failures) == 1:
-        return next(iter(failures.values()))
-    message = "; ".join(str(failures[n]) for n in sorted(failures))
-    hint = next((e.hint for e in failures.values() if e.hint), None)
-    return RemoteError(message, hint=hint)
 
 
 def public_key_main(argv: Sequence[str] | None = None) -> int:

@@ -21,11 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer import catalog
+
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 REQUIRED = ("model", "mode", "workers", "steps", "training_seconds", "examples_per_sec")
-# Held-out results, by preference, and the training metric of the same kind.
-FINAL_METRICS = (("test_accuracy", "accuracy"), ("psnr_reconstructed", "psnr"))
+# Held-out results, by preference, and the training metric of the same kind:
+# each model's, as the catalog names them.
+FINAL_METRICS = tuple((key, name) for name, key, _ in catalog.final_metrics())
 
 
 class ReportError(ValueError):
@@ -83,8 +86,10 @@ def load_run(path: str | Path) -> Run:
         summary = json.loads(summary_path.read_text())
     except FileNotFoundError:
         raise ReportError(f"{summary_path}: missing (did the run finish?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ReportError(f"{summary_path}: not readable JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        # ValueError: JSONDecodeError, or an integer of more digits than
+        # Python converts; RecursionError: arrays nested thousands deep.
+        raise ReportError(f"{summary_path}: not readable JSON ({str(e)[:120]})") from None
     if not isinstance(summary, dict):
         raise ReportError(f"{summary_path}: not a JSON object")
     missing = [key for key in REQUIRED if key not in summary]
@@ -106,7 +111,7 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     for text in path.read_text(errors="replace").splitlines():
         try:
             line = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(line, dict) and isinstance(line.get("elapsed"), int | float):
             lines.append(line)
@@ -161,9 +166,32 @@ def compute_rows(runs: Sequence[Run]) -> list[Row]:
     return rows
 
 
+def speedup_note(rows: Sequence[Row]) -> str | None:
+    """Why some runs have no speedup, or None when each has one: a speedup
+    is against a 1-worker run of the same model, among the runs given."""
+    missing = sorted({row.model for row in rows if row.speedup is None})
+    if not missing:
+        return None
+    return (
+        f"no speedup for {', '.join(missing)}: it needs a 1-worker run of the same model "
+        "among the runs compared (e.g. `deploy.py train --mode single`)"
+    )
+
+
 def write_plot(rows_or_runs: Sequence[Row] | Sequence[Run], path: str | Path) -> Path:
     """A PNG: speedup against workers (one line per model and mode, with the
     ideal linear speedup), and each training metric against training time."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(rows_or_runs)
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_figure(rows_or_runs: Sequence[Row] | Sequence[Run]) -> Any:
+    """The matplotlib Figure that ``write_plot`` saves (close it after use)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,6 +214,17 @@ def write_plot(rows_or_runs: Sequence[Row] | Sequence[Run], path: str | Path) ->
         speed.plot(
             [p[0] for p in points], [p[1] for p in points], marker="o", label=f"{model} {mode}"
         )
+    if not series:
+        # An empty panel would look like a failed plot: say why it is empty.
+        speed.text(
+            0.5,
+            0.5,
+            "no speedup to plot:\nit needs a 1-worker run\nof the same model among the runs",
+            ha="center",
+            va="center",
+            transform=speed.transAxes,
+            color="dimgray",
+        )
     speed.set(xlabel="workers", ylabel="speedup (examples/s vs 1 worker)", title="Speedup")
     speed.xaxis.get_major_locator().set_params(integer=True)
     speed.legend(fontsize="small")
@@ -207,7 +246,4 @@ def write_plot(rows_or_runs: Sequence[Row] | Sequence[Run], path: str | Path) ->
     for axis in axes[0]:
         axis.grid(alpha=0.3)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig

@@ -5,15 +5,35 @@ cluster's SSH key (mode 0600), its pinned host keys, the last known node
 addresses and the last job. The provider's own view (GCE labels, the hosts
 list, the process table) always wins: losing this folder loses nothing but
 the SSH key, which ``up`` re-creates and re-installs.
+
+Several tfcluster processes may touch one state file at once (a ``status``
+while a ``train`` follows its job). Every read-modify-write holds a short
+lock of its own (``state.lock``, apart from the command lock in
+``infra/lock.py``, so that read-only commands never wait for a long
+``up``), and every write is atomic: a temp file in the same folder,
+fsync'ed, then renamed over the old one. A state file that cannot be
+trusted (not a file, not UTF-8 JSON, not an object, a broken last job) is
+set aside once, with one warning, and the cluster starts from an empty
+cache that the provider's view fills in again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
+import stat
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from infra.lock import open_lock_file
+
+log = logging.getLogger("tfcluster")
 
 
 def tfcluster_home() -> Path:
@@ -45,28 +65,124 @@ class ClusterState:
     def debug_log(self) -> Path:
         return self.dir / "debug.log"
 
+    @property
+    def lock_file(self) -> Path:
+        """The command lock (``infra/lock.py``): who changes the cluster now."""
+        return self.dir / "cluster.lock"
+
     def ensure_dir(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if stat.S_IMODE(self.dir.stat().st_mode) != 0o700:
+            # Keys and host keys live here: nobody else may list or read it.
+            os.chmod(self.dir, 0o700)
         return self.dir
 
     def load(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            # A missing or torn cache is rebuilt from the provider's view.
+        """The cached state ({} when there is none or it was set aside)."""
+        if not os.path.lexists(self.file):
             return {}
-        return data if isinstance(data, dict) else {}
+        with self._locked():
+            return self._read()
 
     def update(self, **values: Any) -> dict[str, Any]:
-        """Merge ``values`` into state.json atomically (a crash leaves the old file)."""
-        data = self.load()
-        data.update(values)
-        self.ensure_dir()
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state-", suffix=".json")
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
-        os.replace(tmp, self.file)
-        return data
+        """Merge ``values`` into state.json (under the state lock, atomically)."""
+        return self.modify(lambda data: data.update(values))
+
+    def modify(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Read, ``change`` in place, write back: no other process's update
+        in between is lost, and a crash leaves the old file whole."""
+        with self._locked():
+            data = self._read()
+            change(data)
+            self._write(data)
+            return data
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.load().get(key, default)
+
+    # -- the file ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The short state lock: held for one read-modify-write, never for a
+        command (each call opens the file anew, so threads exclude each other too)."""
+        self.ensure_dir()
+        fd = open_lock_file(self.dir / "state.lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read(self) -> dict[str, Any]:
+        """The state file's object; an untrustworthy file is set aside
+        (call with the state lock held, so only one process does it)."""
+        try:
+            info = os.lstat(self.file)
+        except FileNotFoundError:
+            return {}
+        if not stat.S_ISREG(info.st_mode):
+            # A folder, a link, a fifo (which would block a plain read): not ours.
+            return self._set_aside("not a regular file")
+        try:
+            text = self.file.read_bytes().decode("utf-8")
+            data = json.loads(text)
+        except UnicodeDecodeError:
+            return self._set_aside("not UTF-8 text")
+        except json.JSONDecodeError as exc:
+            return self._set_aside(f"not JSON: {exc.msg} at line {exc.lineno}")
+        except RecursionError:  # json.loads of [[[[... thousands deep
+            return self._set_aside("nested too deep")
+        except OSError as exc:
+            return self._set_aside(f"unreadable: {exc.strerror}")
+        if not isinstance(data, dict):
+            return self._set_aside(f"a JSON {type(data).__name__}, not an object")
+        problem = _check(data)
+        if problem:
+            return self._set_aside(problem)
+        return data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state-", suffix=".json")  # mode 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(data, out, indent=2, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _set_aside(self, why: str) -> dict[str, Any]:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.file.with_name(f"{self.file.name}.corrupt-{stamp}")
+        n = 0
+        while os.path.lexists(target):
+            n += 1
+            target = self.file.with_name(f"{self.file.name}.corrupt-{stamp}-{n}")
+        os.rename(self.file, target)
+        log.warning(
+            "%s was %s; set aside as %s (the provider's view rebuilds the state)",
+            self.file,
+            why,
+            target.name,
+        )
+        return {}
+
+
+def _check(data: dict[str, Any]) -> str | None:
+    """What is wrong with a parsed state object (None: nothing we read)."""
+    from infra.job_spec import JobRecord  # it imports the trainer catalog; state is imported by all
+
+    last = data.get("last_job")
+    if last is not None:
+        try:
+            JobRecord.from_dict(last)
+        except ValueError as exc:
+            return f"holding a broken last job ({exc})"
+    nodes = data.get("nodes")
+    if nodes is not None and not isinstance(nodes, dict):
+        return "holding a broken node list"
+    return None

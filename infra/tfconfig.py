@@ -2,17 +2,14 @@
 the TF_CONFIG each of them is started with.
 
 TensorFlow's cluster resolver reads ``TF_CONFIG`` (``cluster`` maps task types
-to ``host:port`` lists, ``task`` names this process). Which task types take
-part depends on the training mode, because the strategies want different
-clusters:
-
-* ``async`` (ParameterServerStrategy): ``chief`` + ``ps`` + ``worker``. The
-  workers and ps only serve; the chief schedules steps onto the workers.
-* ``sync`` and ``average`` (MultiWorkerMirroredStrategy collectives):
-  ``chief`` + ``worker``, no ``ps``: every participant runs the training
-  program and all-reduces with the others, and a ps in the cluster spec
-  would make the strategy refuse it.
-* ``single``: the chief alone.
+to ``host:port`` lists, ``task`` names this process); it is the same contract
+as Vertex AI's custom training jobs, so a program written from TensorFlow's
+distributed-training guides runs unchanged. Which task types take part is the
+program's business: a parameter-server program wants ``chief`` + ``ps`` +
+``worker`` (the ps and workers only serve, the chief schedules); a collective
+one (MultiWorkerMirroredStrategy) ``chief`` + ``worker`` and no ``ps``, which
+the strategy would refuse; a one-process program the ``chief`` alone. The
+built-in trainer's modes say which in ``trainer/catalog.py``.
 
 Addresses are the nodes' *internal* addresses: the tasks talk to each other
 on the cluster's private network, never through the external IPs.
@@ -24,16 +21,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-MODES = ("async", "sync", "average", "single")
-ROLE_ORDER = ("chief", "ps", "worker")
-
-# Task types that take part in each mode, in TF's own names.
-_PARTICIPANTS: dict[str, tuple[str, ...]] = {
-    "async": ("chief", "ps", "worker"),
-    "sync": ("chief", "worker"),
-    "average": ("chief", "worker"),
-    "single": ("chief",),
-}
+TASK_TYPES = ("chief", "ps", "worker")
+ROLE_ORDER = TASK_TYPES
 
 
 @dataclass(frozen=True)
@@ -56,42 +45,34 @@ class TaskSpec:
         return f"{self.type}-{self.index}"
 
 
-def participants(mode: str) -> tuple[str, ...]:
-    """Task types that run in ``mode``."""
-    try:
-        return _PARTICIPANTS[mode]
-    except KeyError:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}") from None
-
-
 PortFor = Callable[[str, str, int], int]
 """``port_for(node, task_type, index) -> port``: where a task listens."""
 
 
 def build_tasks(
-    mode: str,
+    task_types: Sequence[str],
     roles: Mapping[str, Sequence[str]],
     internal_addresses: Mapping[str, str],
     port_for: PortFor,
 ) -> list[TaskSpec]:
-    """The tasks of a job in start order (ps, workers, then the chief).
+    """The tasks of a job in start order (ps, workers, then the chief), for
+    the ``task_types`` that take part.
 
     ``roles`` maps a task type to its nodes in index order (``worker: [pc-2,
     pc-3]`` gives worker-0 on pc-2, worker-1 on pc-3); ``internal_addresses``
     maps every node that has a task to the address its peers use.
     """
-    kinds = participants(mode)
+    if unknown := set(task_types) - set(TASK_TYPES):
+        raise ValueError(f"unknown task type {sorted(unknown)[0]!r}; TF knows {TASK_TYPES}")
     tasks: list[TaskSpec] = []
     for task_type in ("ps", "worker", "chief"):
-        if task_type not in kinds:
+        if task_type not in task_types:
             continue
         nodes = list(roles.get(task_type, ()))
         if task_type == "chief" and len(nodes) != 1:
             raise ValueError(f"a job needs exactly one chief, got {len(nodes)}")
-        if task_type == "ps" and not nodes:
-            raise ValueError("mode 'async' needs at least one ps node")
-        if task_type == "worker" and not nodes and mode != "single":
-            raise ValueError(f"mode {mode!r} needs at least one worker node")
+        if task_type in ("ps", "worker") and not nodes:
+            raise ValueError(f"the job needs at least one {task_type} node (roles.{task_type})")
         for index, node in enumerate(nodes):
             if node not in internal_addresses:
                 raise ValueError(f"no internal address known for node {node!r}")

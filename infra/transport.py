@@ -10,13 +10,17 @@ and gce, ``infra/remote.py``) runs them over SSH with Fabric. Both run the
 
 from __future__ import annotations
 
+import posixpath
+import shutil
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import RemoteError
+from infra.fanout import fan_out
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,34 @@ class NodeLayout:
     runs: str  # run folders written by the chief
     logs: str  # one log, pid and exit file per task of the current job
 
+    @property
+    def bin(self) -> str:
+        """The node environment's bin folder: first on every task's PATH,
+        so ``python`` (and ``pip``) there are the ones with TensorFlow."""
+        return posixpath.dirname(self.python) or "."
+
+
+def free_local_port(wanted: int = 0) -> int:
+    """``wanted`` when it is free on 127.0.0.1 (and not 0), else a free port
+    the system picks. Free now: another program may take it before it is
+    bound again (the caller binds it at once)."""
+    for port in (wanted, 0) if wanted else (0,):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RemoteError("no free local port")
+
 
 class Transport(ABC):
     """Runs shell commands on a cluster's nodes."""
+
+    #: Whether the nodes have files of their own, so the code and the
+    #: working folder must be synced to them (not for local processes,
+    #: which run this machine's files where they are).
+    copies_files = True
 
     def __init__(self, nodes: Sequence[str]) -> None:
         self.nodes = list(nodes)
@@ -80,31 +109,35 @@ class Transport(ABC):
         """Copy the folder ``remote_path`` of ``node`` into ``local_dir``
         (created; existing files are overwritten)."""
 
+    def workdir(self, node: str, local: Path) -> str:
+        """Where the working folder ``local`` is on ``node`` (a layout path):
+        its synced copy, or ``local`` itself where the files are shared."""
+        if not self.copies_files:
+            return str(local)
+        return f"{self.layout(node).root}/work"
+
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release connections."""
+
+    def forward(
+        self, node: str, remote_port: int, local_port: int = 0
+    ) -> AbstractContextManager[int]:
+        """Make ``remote_port`` of the node's 127.0.0.1 reachable on this
+        machine's 127.0.0.1 while the ``with`` lasts; the context's value is
+        the port here (``local_port`` when free, else any free one)."""
+        raise RemoteError(f"{node}: {type(self).__name__} cannot forward ports")
 
     def run_all(
         self, commands: Mapping[str, str], *, timeout: float | None = None
     ) -> dict[str, CommandResult]:
         """Run one command per node, all at once. Nodes that cannot be
         reached are reported together in one ``RemoteError``."""
-        if not commands:
-            return {}
-        results: dict[str, CommandResult] = {}
-        failures: dict[str, str] = {}
-        with ThreadPoolExecutor(max_workers=min(16, len(commands))) as pool:
-            futures = {
-                node: pool.submit(self.run, node, command, timeout=timeout)
-                for node, command in commands.items()
-            }
-            for node, future in futures.items():
-                try:
-                    results[node] = future.result()
-                except RemoteError as exc:
-                    failures[node] = str(exc)
-        if failures:
-            raise RemoteError("; ".join(f"{node}: {why}" for node, why in sorted(failures.items())))
-        return results
+        done = fan_out(lambda node: self.run(node, commands[node], timeout=timeout), commands)
+        if done.errors:
+            raise RemoteError(
+                "; ".join(f"{node}: {exc}" for node, exc in sorted(done.errors.items()))
+            )
+        return done.results
 
     def check_all(
         self, commands: Mapping[str, str], *, what: str, timeout: float | None = None
@@ -118,6 +151,50 @@ class Transport(ABC):
                 + "; ".join(f"{node}: {r.tail()}" for node, r in sorted(failed.items()))
             )
         return results
+
+    # -- what only nodes with files of their own need -------------------------------
+    # (``copies_files``: the SSH transport). Local processes share this
+    # machine's files and shell, so the defaults do nothing or refuse.
+
+    def wait_ready(  # noqa: B027 - nothing to wait for by default
+        self, timeout: float | None = None, nodes: Sequence[str] | None = None
+    ) -> None:
+        """Until every node (or those of ``nodes``) accepts commands, at most
+        ``timeout`` seconds; local processes are ready at once."""
+
+    def interactive(self, node: str) -> int | None:
+        """An interactive shell on ``node``; its exit code. None where the
+        node has no login of its own (a local node is a folder here)."""
+        return None
+
+    def local_folder(self, node: str) -> Path | None:
+        """The folder on this machine that is ``node`` (local processes);
+        None where the node is a machine of its own."""
+        return None
+
+    def upload(self, node: str, local: Path | bytes, remote_path: str) -> None:
+        """Write a local file (or bytes) to ``remote_path`` on ``node``."""
+        raise RemoteError(f"{node}: {type(self).__name__} nodes share this machine's files")
+
+    @staticmethod
+    def has_local_rsync() -> bool:
+        """rsync on this machine."""
+        return shutil.which("rsync") is not None
+
+    def has_rsync(self, node: str) -> bool:
+        """rsync on both ends, to move files with."""
+        return False
+
+    def note_rsync(self, node: str, present: bool) -> None:  # noqa: B027 - nothing to cache
+        """Whether ``node`` has rsync, as a probe found (saves asking again)."""
+
+    def rsync_remote(self, node: str, path: str) -> str:
+        """``path`` on ``node`` as rsync spells a remote file."""
+        raise RemoteError(f"{node}: {type(self).__name__} nodes have no rsync remote")
+
+    def rsync(self, node: str, args: Sequence[str], *, timeout: float | None = None) -> str:
+        """Run local rsync with ``args`` over this node's connection; its stdout."""
+        raise RemoteError(f"{node}: {type(self).__name__} nodes have no rsync remote")
 
     def __enter__(self) -> Transport:
         return self

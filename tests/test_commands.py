@@ -50,6 +50,16 @@ def node(tmp_path: Path) -> tuple[Path, NodeLayout]:
         bash(home, commands.stop_tasks(layout, names, grace=1))
 
 
+def start(
+    layout: NodeLayout, task: str, args: list[str], env: dict[str, str] | None = None
+) -> str:
+    """The stand-in trainer as the built-in program is started."""
+    argv = ["python", "-m", "trainer", *args]
+    return commands.start_task(
+        layout, task, argv, env or {}, path_env={"PYTHONPATH": layout.code}
+    )
+
+
 def bash(home: Path, script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", "-c", script], cwd=home, capture_output=True, text=True, timeout=60
@@ -65,15 +75,14 @@ def free_port() -> int:
 def test_start_wait_status_stop(node: tuple[Path, NodeLayout]) -> None:
     home, layout = node
     port = free_port()
-    started = bash(home, commands.start_task(layout, "ps-0", [f"listen:{port}"], {"X": "a b"}))
+    started = bash(home, start(layout, "ps-0", [f"listen:{port}"], {"X": "a b"}))
     assert started.returncode == 0, started.stderr
-    pid = facts.parse_started(started.stdout)
-    assert pid is not None
+    pid = facts.parse_started(started.stdout)["ps-0"]
 
     ready = bash(home, commands.wait_ports(layout, {"ps-0": port}, timeout=30))
     assert facts.parse_readiness(ready.stdout) == {"ps-0": "ready"}
 
-    again = bash(home, commands.start_task(layout, "ps-0", [f"listen:{port}"], {}))
+    again = bash(home, start(layout, "ps-0", [f"listen:{port}"], {}))
     assert again.returncode == 3 and "already running" in again.stderr
 
     status = facts.parse_task_status(bash(home, commands.task_status(layout, ["ps-0"])).stdout)
@@ -91,7 +100,7 @@ def test_start_wait_status_stop(node: tuple[Path, NodeLayout]) -> None:
 
 def test_task_that_dies_is_reported_dead_not_waited_for(node: tuple[Path, NodeLayout]) -> None:
     home, layout = node
-    bash(home, commands.start_task(layout, "worker-0", ["exit:4"], {}))
+    bash(home, start(layout, "worker-0", ["exit:4"], {}))
     began = time.monotonic()
     ready = bash(home, commands.wait_ports(layout, {"worker-0": free_port()}, timeout=60))
     assert facts.parse_readiness(ready.stdout) == {"worker-0": "dead"}
@@ -100,7 +109,7 @@ def test_task_that_dies_is_reported_dead_not_waited_for(node: tuple[Path, NodeLa
 
 def test_follow_log_streams_until_exit_and_reports_code(node: tuple[Path, NodeLayout]) -> None:
     home, layout = node
-    bash(home, commands.start_task(layout, "chief-0", ["exit:7"], {}))
+    bash(home, start(layout, "chief-0", ["exit:7"], {}))
     out = bash(home, commands.follow_log(layout, "chief-0")).stdout.splitlines()
     assert out[0] == "hello from exit"
     assert out[-1] == "@tfcluster-exit 7"
@@ -110,7 +119,7 @@ def test_follow_log_streams_until_exit_and_reports_code(node: tuple[Path, NodeLa
 
 def test_killed_task_has_no_exit_code(node: tuple[Path, NodeLayout]) -> None:
     home, layout = node
-    bash(home, commands.start_task(layout, "chief-0", ["sleep:60"], {}))
+    bash(home, start(layout, "chief-0", ["sleep:60"], {}))
     bash(home, commands.stop_tasks(layout, ["chief-0"], grace=5))
     last = bash(home, commands.follow_log(layout, "chief-0")).stdout.splitlines()[-1]
     assert facts.is_exit_marker(last) and facts.parse_exit_marker(last) is None
@@ -118,8 +127,8 @@ def test_killed_task_has_no_exit_code(node: tuple[Path, NodeLayout]) -> None:
 
 def test_tail_logs_names_each_task(node: tuple[Path, NodeLayout]) -> None:
     home, layout = node
-    bash(home, commands.start_task(layout, "chief-0", ["exit:0"], {}))
-    bash(home, commands.start_task(layout, "ps-0", ["exit:0"], {}))
+    bash(home, start(layout, "chief-0", ["exit:0"], {}))
+    bash(home, start(layout, "ps-0", ["exit:0"], {}))
     time.sleep(1.5)
     out = bash(home, commands.tail_logs(layout, 10, follow=False)).stdout
     pairs = list(facts.parse_tail(out))
@@ -127,8 +136,12 @@ def test_tail_logs_names_each_task(node: tuple[Path, NodeLayout]) -> None:
 
 
 def test_parsers_on_recorded_output() -> None:
-    assert facts.parse_started("started 4242\n") == 4242
-    assert facts.parse_started("bash: setsid: command not found\n") is None
+    assert facts.parse_started("started ps-0 4242\nstarted worker-0 17\n") == {
+        "ps-0": 4242,
+        "worker-0": 17,
+    }
+    assert facts.parse_started("bash: setsid: command not found\n") == {}
+    assert facts.parse_stopped("stopped ps-0\nnoise\nstopped chief-0\n") == ["ps-0", "chief-0"]
     assert facts.parse_readiness("ready ps-0\ntimeout worker-1\njunk\n") == {
         "ps-0": "ready",
         "worker-1": "timeout",
@@ -143,3 +156,112 @@ def test_parsers_on_recorded_output() -> None:
         ("chief-0", ""),
         ("ps-0", "line b"),
     ]
+
+
+def test_any_program_is_supervised_in_its_folder_with_its_env(
+    node: tuple[Path, NodeLayout], tmp_path: Path
+) -> None:
+    """A user's program (no `-m trainer` on its command line) is started in
+    its working folder, seen alive while it runs and stopped; its env values
+    arrive literally and its run folder exists."""
+    home, layout = node
+    work = tmp_path / "work dir"
+    work.mkdir()
+    script = "import os, time; print(os.getcwd(), os.environ['X'], flush=True); time.sleep(600)"
+    started = bash(
+        home,
+        commands.start_task(
+            layout,
+            "worker-0",
+            ["python", "-c", script],
+            {"X": "$(touch pwned) 'q'"},
+            cwd=str(work),
+            run_dir="tf/runs/r1",
+        ),
+    )
+    assert started.returncode == 0, started.stderr
+    assert (home / "tf" / "runs" / "r1").is_dir()
+    status = facts.parse_task_status(bash(home, commands.task_status(layout, ["worker-0"])).stdout)
+    assert status["worker-0"].alive
+    time.sleep(1)
+    log = (home / "tf" / "logs" / "worker-0.log").read_text()
+    assert log.strip() == f"{work} $(touch pwned) 'q'"
+    assert not (home / "pwned").exists() and not (work / "pwned").exists()
+    stopped = bash(home, commands.stop_tasks(layout, ["worker-0"], grace=5))
+    assert facts.parse_stopped(stopped.stdout) == ["worker-0"]
+
+
+def test_missing_working_folder_is_exit_4(node: tuple[Path, NodeLayout], tmp_path: Path) -> None:
+    home, layout = node
+    result = bash(
+        home, commands.start_task(layout, "chief-0", ["true"], {}, cwd=str(tmp_path / "nope"))
+    )
+    assert result.returncode == 4 and "no working folder" in result.stderr
+
+
+def test_a_reused_pid_is_not_the_task(node: tuple[Path, NodeLayout]) -> None:
+    """After a reboot the pid in a pid file may belong to another process:
+    the start time recorded beside it tells them apart."""
+    home, layout = node
+    logs = home / "tf" / "logs"
+    logs.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (logs / "ps-0.pid").write_text(f"{other.pid} 1\n")  # started at another tick
+        status = facts.parse_task_status(bash(home, commands.task_status(layout, ["ps-0"])).stdout)
+        assert not status["ps-0"].alive
+        again = bash(home, start(layout, "ps-0", ["sleep:60"]))
+        assert again.returncode == 0, again.stderr  # not refused as "already running"
+        assert other.poll() is None  # and the stranger was not stopped
+        bash(home, commands.stop_tasks(layout, ["ps-0"], grace=5))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_process_of_the_same_name_started_at_another_time_is_not_the_task(
+    node: tuple[Path, NodeLayout],
+) -> None:
+    """The name in the environment alone is not enough: a process carrying
+    TFCLUSTER_TASK=ps-0 (a task of another run, or a child it left) at the
+    pid of a pid file written for a process started at another tick is not
+    that task, and is neither reported alive nor stopped."""
+    home, layout = node
+    logs = home / "tf" / "logs"
+    logs.mkdir(parents=True)
+    other = subprocess.Popen(["env", "TFCLUSTER_TASK=ps-0", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while b"TFCLUSTER_TASK=ps-0" not in Path(f"/proc/{other.pid}/environ").read_bytes():
+            assert time.monotonic() < deadline  # env has exec'd sleep by now
+            time.sleep(0.01)
+        (logs / "ps-0.pid").write_text(f"{other.pid} 1\n")
+        status = facts.parse_task_status(bash(home, commands.task_status(layout, ["ps-0"])).stdout)
+        assert not status["ps-0"].alive
+        bash(home, commands.stop_tasks(layout, ["ps-0"], grace=1))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_first_death_ends_the_wait_for_the_others(node: tuple[Path, NodeLayout]) -> None:
+    """A job with a dead task will not start: the wait for the tasks still
+    starting ends at once, not at the (here hour-long) timeout."""
+    home, layout = node
+    bash(home, start(layout, "ps-0", ["sleep:600"], {}))  # alive, never listens
+    bash(home, start(layout, "worker-0", ["exit:4"], {}))
+    ports = {"ps-0": free_port(), "worker-0": free_port()}
+    ready = bash(home, commands.wait_ports(layout, ports, timeout=3600))  # bash(): 60 s at most
+    assert facts.parse_readiness(ready.stdout) == {"ps-0": "timeout", "worker-0": "dead"}
+
+
+def test_node_numbers_python_cannot_read_are_unknown() -> None:
+    # str.isdigit() takes "²" and "١", int() refuses them: a crash once.
+    assert facts.parse_exit_marker(facts.EXIT_MARKER + "²") is None
+    assert facts.parse_exit_marker(facts.EXIT_MARKER + "-١") is None
+    assert facts.parse_exit_marker(facts.EXIT_MARKER + "9" * 5000) is None
+    assert facts.parse_task_status("ps-0 ² 1 ³\n")["ps-0"] == facts.TaskStatus(
+        "ps-0", None, True, None
+    )

@@ -53,7 +53,7 @@ def test_shipped_configs_are_valid() -> None:
         ({"name": "x", "gce": {"zones": ["us-central1"]}}, "gce.zones: 'us-central1' is not a zone name"),
         ({"name": "x", "gce": {"ssh_source_ranges": ["everyone"]}}, "gce.ssh_source_ranges: 'everyone' is not a CIDR range"),
         ({"name": "x", "job": {"steps": "many"}}, "job.steps: 'many'"),
-        ({"name": "x", "job": {"model": "resnet"}}, "job.model: 'resnet' is not allowed"),
+        ({"name": "x", "job": {"model": "resnet"}}, "job.model: 'resnet' is not a model; choose one of cnn, convnet, dae, sdae"),
         ({}, "name: required key is missing"),
         ([1, 2], "expected a mapping"),
     ],
@@ -93,7 +93,13 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     bad.write_text("name: x\nnodes: [pc-1\n")
     with pytest.raises(ConfigError) as info:
         load_config(bad)
-    assert str(info.value).startswith(f"{bad}:3:1: invalid YAML") or "invalid YAML" in str(info.value)
+    # file:line:col of where the parser gave up (the flow list never closes
+    # before the end of line 2; the stream ends at 3:1), then what it expected.
+    assert str(info.value).startswith(f"{bad}:3:1: invalid YAML: expected ',' or ']'")
+    bad.write_text("name: x\nnodes: [pc-1, {a: b]\n")  # a mismatched bracket mid-line
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert str(info.value) == f"{bad}:2:20: invalid YAML: expected ',' or '}}', but got ']'"
 
 
 def test_relative_paths_resolve_from_the_file(tmp_path: Path) -> None:

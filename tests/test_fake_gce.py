@@ -22,6 +22,7 @@ from google.cloud import compute_v1
 
 from tests.fake_gce import Addresses, ApiError, Call, FakeGce, InstanceBackend, Latency
 from tests.fake_gce.filters import FilterError, compile_filter
+from tests.fake_gce.server import generated_host_key
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
 
@@ -205,6 +206,7 @@ def test_invalid_instances_are_refused_as_gce_refuses_them(fake_gce: FakeGce, ap
     with pytest.raises(api_exceptions.BadRequest, match="live migration"):
         api.insert(
             "gpu",
+            machine_type=f"zones/{ZONE}/machineTypes/n1-standard-4",
             guest_accelerators=[
                 compute_v1.AcceleratorConfig(
                     accelerator_type="nvidia-tesla-t4", accelerator_count=1
@@ -552,6 +554,80 @@ def test_firewall_lifecycle(fake_gce: FakeGce, api: Api) -> None:
         api.firewalls.get(project=PROJECT, firewall="fw-1")
     with pytest.raises(api_exceptions.NotFound):
         api.firewalls.delete_unary(project=PROJECT, firewall="fw-1")
+
+
+def test_firewall_rules_the_real_api_refuses_are_refused(fake_gce: FakeGce, api: Api) -> None:
+    tcp = [compute_v1.Allowed(I_p_protocol="tcp", ports=["2222"])]
+    both = compute_v1.Firewall(
+        name="fw-both", allowed=tcp, denied=[compute_v1.Denied(I_p_protocol="tcp")],
+        source_ranges=["0.0.0.0/0"],
+    )
+    with pytest.raises(api_exceptions.BadRequest, match="only one of 'allowed' or 'denied'"):
+        api.firewalls.insert_unary(project=PROJECT, firewall_resource=both)
+    for priority in (-1, 65536):
+        bad = compute_v1.Firewall(name="fw-prio", allowed=tcp, priority=priority)
+        with pytest.raises(api_exceptions.BadRequest, match=r"resource\.priority"):
+            api.firewalls.insert_unary(project=PROJECT, firewall_resource=bad)
+    deny = compute_v1.Firewall(
+        name="fw-deny", denied=[compute_v1.Denied(I_p_protocol="tcp", ports=["2222"])],
+        source_ranges=["0.0.0.0/0"], target_tags=["t"], priority=65535,
+    )
+    api.wait(api.firewalls.insert_unary(project=PROJECT, firewall_resource=deny), None)
+    got = api.firewalls.get(project=PROJECT, firewall="fw-deny")
+    assert got.priority == 65535 and [list(d.ports) for d in got.denied] == [["2222"]]
+    assert list(got.allowed) == []
+    assert fake_gce.firewall("fw-both") is None and fake_gce.firewall("fw-prio") is None
+
+
+def test_guest_attributes_publish_host_keys_of_running_instances_that_enable_them(
+    fake_gce: FakeGce, api: Api
+) -> None:
+    def host_keys(name: str) -> list[tuple[str, str, str]]:
+        request = compute_v1.GetGuestAttributesInstanceRequest(
+            project=PROJECT, zone=ZONE, instance=name, query_path="hostkeys/"
+        )
+        found = api.instances.get_guest_attributes(request=request)
+        return [(i.namespace, i.key, i.value) for i in found.query_value.items]
+
+    enabled = compute_v1.Metadata(
+        items=[compute_v1.Items(key="enable-guest-attributes", value="TRUE")]
+    )
+    def running(name: str) -> None:
+        deadline = time.monotonic() + 5
+        while fake_gce.instance(name)["status"] != "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    api.wait(api.insert("vm-on", metadata=enabled))
+    api.wait(api.insert("vm-off"))
+    running("vm-on")
+    running("vm-off")
+    with pytest.raises(api_exceptions.NotFound):
+        host_keys("vm-off")  # guest attributes not enabled: nothing published
+    instance_id = fake_gce.instance("vm-on")["id"]
+    _, public = generated_host_key(instance_id)
+    key_type, blob = public.split()[:2]
+    assert host_keys("vm-on") == [("hostkeys", key_type, blob)]
+    fake_gce.set_guest_attribute("vm-on", "hostkeys/ecdsa-sha2-nistp256", "AAAAE2Vj")
+    assert ("hostkeys", "ecdsa-sha2-nistp256", "AAAAE2Vj") in host_keys("vm-on")
+    # Stopped: nothing; started again: the same key (the disk keeps /etc/ssh).
+    api.wait(api.instances.stop_unary(project=PROJECT, zone=ZONE, instance="vm-on"))
+    fake_gce.wait_quiet()
+    with pytest.raises(api_exceptions.NotFound):
+        host_keys("vm-on")
+    fake_gce.latency.host_keys = 0.5  # the guest agent publishes a while after boot
+    api.wait(api.instances.start_unary(project=PROJECT, zone=ZONE, instance="vm-on"))
+    running("vm-on")
+    with pytest.raises(api_exceptions.NotFound):
+        host_keys("vm-on")
+    time.sleep(0.6)
+    assert ("hostkeys", key_type, blob) in host_keys("vm-on")
+    with pytest.raises(api_exceptions.BadRequest):
+        api.instances.get_guest_attributes(
+            request=compute_v1.GetGuestAttributesInstanceRequest(
+                project=PROJECT, zone=ZONE, instance="vm-on", query_path="../x"
+            )
+        )
 
 
 # -- hooks and backends --------------------------------------------------------------------

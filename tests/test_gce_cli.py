@@ -14,11 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import paramiko
 import pytest
 from click.testing import CliRunner
 
 from deploy import cli
 from tests.fake_gce import Call, FakeGce
+from tests.fake_gce.sshd import LoopbackBackend, LoopbackSshd, key_line
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
 
@@ -71,7 +73,8 @@ def test_up_creates_everything_and_a_second_up_changes_nothing(
         NODES, "RUNNING"
     )
     assert sorted(f["name"] for f in fake_gce.firewalls()) == [
-        "tfcluster-tfc-test-grpc", "tfcluster-tfc-test-ssh"
+        "tfcluster-tfc-test-grpc", "tfcluster-tfc-test-grpc-deny", "tfcluster-tfc-test-ssh",
+        "tfcluster-tfc-test-ssh-deny",
     ]
     nodes = status(config)
     assert [(n["state"], n["zone"]) for n in nodes.values()] == [("running", ZONE_A)] * 4
@@ -91,7 +94,9 @@ def test_dry_runs_change_nothing(fake_gce: FakeGce, config: Path) -> None:
     assert code == 0, out
     for name in NODES:
         assert f"create  {name}" in out
-    assert "ensure  firewall rule tfcluster-tfc-test-grpc" in out
+    assert "ensure  firewall rule tfcluster-tfc-test-grpc\n" in out
+    assert "ensure  firewall rule tfcluster-tfc-test-grpc-deny" in out
+    assert "ensure  firewall rule tfcluster-tfc-test-ssh (SSH from 198.51.100.7/32)\n" in out
     assert fake_gce.mutating_calls() == [] and fake_gce.instances() == []
 
     run(config, "up", "--skip-setup")
@@ -103,6 +108,41 @@ def test_dry_runs_change_nothing(fake_gce: FakeGce, config: Path) -> None:
     assert code == 1
     assert fake_gce.mutating_calls() == []
     assert len(fake_gce.instances()) == 4
+
+
+def test_ssh_open_to_the_world_is_in_the_plan_and_warned_about(
+    fake_gce: FakeGce, gce_cluster_yaml: MakeYaml
+) -> None:
+    config = gce_cluster_yaml(gce={"ssh_source_ranges": ["0.0.0.0/0"]})
+    code, out = run(config, "up", "--dry-run")
+    assert code == 0, out
+    assert (
+        "ensure  firewall rule tfcluster-tfc-test-ssh (SSH from 0.0.0.0/0): "
+        "open to the whole internet"
+    ) in out
+    code, out = run(config, "up", "--skip-setup")
+    assert code == 0, out
+    warnings = [line for line in out.splitlines() if "open to the whole internet" in line]
+    assert len(warnings) == 1 and "gce.ssh_source_ranges: 0.0.0.0/0" in warnings[0], out
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    assert fake_gce.firewalls() == [] and fake_gce.instances() == []
+
+
+def test_up_refuses_a_node_whose_host_key_is_not_the_published_one(
+    fake_gce: FakeGce, gce_cluster_yaml: MakeYaml
+) -> None:
+    published, impostor = paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()
+    fake_gce.backend = LoopbackBackend([key_line(published)])
+    with LoopbackSshd(impostor) as sshd:
+        config = gce_cluster_yaml(ssh={"port": sshd.port, "boot_timeout": 10})
+        code, out = run(config, "up")
+    assert code == 8, out
+    errors = error_lines(out)
+    assert len(errors) == 1 and "is not the one pinned" in errors[0], out
+    assert impostor.fingerprint in errors[0]
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
 
 
 def test_stop_start_and_down(fake_gce: FakeGce, config: Path) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from infra.progress import describe, format_seconds, parse_line
+import json
+import time
+
+from infra.progress import ProgressEvent, StartupClock, describe, format_seconds, parse_line
+from trainer.progress import STARTUP_ENV
 
 RECORDED = """\
 2026-11-22 21:00:01 INFO loading MNIST from /data/mnist
@@ -31,7 +35,53 @@ def test_events_and_plain_lines() -> None:
     assert describe(start) == "training cnn (async) for 600 steps on 2 worker(s), 1 ps"
 
 
+def test_startup_stages_are_one_line_each() -> None:
+    first = parse_line(
+        '@tfcluster {"event":"startup","stage":"first_step","seconds":0.81,"total":5.93}'
+    )
+    assert first is not None
+    assert describe(first) == "startup: first step 0.8 s, 5.9 s from the command"
+    ours = ProgressEvent("startup", {"stage": "start_tasks", "seconds": 0.2})
+    assert describe(ours) == "startup: tasks started 0.2 s"
+    # A stage this version does not know, named by a node: shown as text.
+    odd = parse_line(r'@tfcluster {"event":"startup","stage":"\u001b[2Jx","seconds":"soon"}')
+    assert odd is not None
+    assert describe(odd) == "startup: x soon s"  # the terminal control is gone
+
+
+def test_startup_clock_marks_stages_and_tells_the_chief() -> None:
+    seen: list[ProgressEvent] = []
+    clock = StartupClock(seen.append, started=time.monotonic() - 1.0)
+    clock.mark("sync")
+    told = json.loads(clock.for_chief()[STARTUP_ENV])
+    assert [(e.kind, e.get("stage")) for e in seen] == [("startup", "sync")]
+    assert told["command"] >= 1.0 and told["sync"] >= 0.0 and told["start_tasks"] >= 0.0
+    assert abs(told["issued"] - time.time()) < 5
+
+
 def test_format_seconds() -> None:
     assert format_seconds(5) == "5s"
     assert format_seconds(125) == "2m05s"
     assert format_seconds(3725) == "1h02m"
+
+
+def test_hostile_numbers_from_a_node_are_shown_never_a_crash() -> None:
+    """Python's json takes NaN, Infinity, 400-digit integers (float() of
+    which overflows), 5000-digit ones (past int's conversion limit) and
+    arrays nested past the recursion limit: a node's line with any of them
+    must not end `logs` or a job's follow with a traceback."""
+    huge = "1" * 400
+    lines = [
+        '@tfcluster {"event": "progress", "step": 1, "eta": NaN}',
+        '@tfcluster {"event": "progress", "step": 1, "loss": 1e400, "eta": Infinity}',
+        '@tfcluster {"event": "progress", "step": 1, "loss": H, "metrics": {"a": H}}',
+        '@tfcluster {"event": "startup", "stage": "build", "seconds": H}',
+        '@tfcluster {"event": "done", "summary": {"test_accuracy": H}}',
+    ]
+    for line in (text.replace("H", huge) for text in lines):
+        event = parse_line(line)
+        assert event is not None, line
+        assert describe(event).strip(), line
+    assert parse_line('@tfcluster {"event": "x", "a": ' + "1" * 5000 + "}") is None
+    assert parse_line('@tfcluster {"event": "x", "a": ' + "[" * 100_000 + "}") is None
+    assert format_seconds(float("nan")) == format_seconds(float("inf")) == "?"

@@ -14,15 +14,9 @@ from paramiko.ssh_exception import AuthenticationException, NoValidConnectionsEr
 
 from infra.config import parse_config
 from infra.errors import HostKeyChanged, RemoteError
-from infra.remote import (
-    PinningPolicy,
-    SshTarget,
-    SshTransport,
-    combine_errors,
-    connect_error,
-    forget_host,
-    known_hosts_name,
-)
+from infra.hostkeys import PinningPolicy, forget_host, known_hosts_name
+from infra.remote import SshTarget, SshTransport, combine_errors
+from infra.ssh_connections import connect_error
 from infra.state import ClusterState
 
 TARGET = SshTarget("pc-2", "10.0.0.7", 2202)
@@ -198,7 +192,7 @@ def test_system_ssh_uses_cluster_key_and_pins(tmp_path: Path) -> None:
     transport = _transport(tmp_path, 2201)
     argv = transport.ssh_argv("pc-1")
     joined = " ".join(argv)
-    assert f"-i {tmp_path / 'id_ed25519'}" in joined
+    assert f"IdentityFile={tmp_path / 'id_ed25519'}" in joined
     assert f"UserKnownHostsFile={transport.state.known_hosts}" in joined
     assert "StrictHostKeyChecking=yes" in joined and "IdentitiesOnly=yes" in joined
     assert "-p 2201" in joined and "-l tfcluster" in joined

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from infra.tfconfig import build_tasks, tf_config, tf_config_json
+from trainer.catalog import mode
 
 ROLES = {"ps": ["pc-1"], "chief": ["pc-1"], "worker": ["pc-2", "pc-3", "pc-4"]}
 ADDRESSES = {"pc-1": "10.0.0.1", "pc-2": "10.0.0.2", "pc-3": "10.0.0.3", "pc-4": "10.0.0.4"}
@@ -18,7 +19,7 @@ def port_for(node: str, task_type: str, index: int) -> int:
 
 
 def test_async_cluster_has_chief_ps_and_workers_in_start_order() -> None:
-    tasks = build_tasks("async", ROLES, ADDRESSES, port_for)
+    tasks = build_tasks(mode("async").task_types, ROLES, ADDRESSES, port_for)
     assert [t.name for t in tasks] == ["ps-0", "worker-0", "worker-1", "worker-2", "chief-0"]
     config = tf_config(tasks, tasks[2])
     assert config == {
@@ -32,24 +33,29 @@ def test_async_cluster_has_chief_ps_and_workers_in_start_order() -> None:
     assert json.loads(tf_config_json(tasks, tasks[2])) == config
 
 
-@pytest.mark.parametrize("mode", ["sync", "average"])
-def test_collective_modes_leave_out_the_ps(mode: str) -> None:
-    tasks = build_tasks(mode, ROLES, ADDRESSES, port_for)
+@pytest.mark.parametrize("name", ["sync", "average"])
+def test_collective_modes_leave_out_the_ps(name: str) -> None:
+    tasks = build_tasks(mode(name).task_types, ROLES, ADDRESSES, port_for)
     assert {t.type for t in tasks} == {"chief", "worker"}
     assert "ps" not in tf_config(tasks, tasks[0])["cluster"]  # type: ignore[operator]
 
 
 def test_single_is_the_chief_alone() -> None:
-    tasks = build_tasks("single", ROLES, ADDRESSES, port_for)
+    tasks = build_tasks(mode("single").task_types, ROLES, ADDRESSES, port_for)
     assert [t.name for t in tasks] == ["chief-0"]
 
 
 def test_errors() -> None:
-    with pytest.raises(ValueError, match="needs at least one ps"):
-        build_tasks("async", {**ROLES, "ps": []}, ADDRESSES, port_for)
+    with pytest.raises(ValueError, match="needs at least one ps node"):
+        build_tasks(mode("async").task_types, {**ROLES, "ps": []}, ADDRESSES, port_for)
+    with pytest.raises(ValueError, match="exactly one chief, got 2"):
+        build_tasks(mode("async").task_types, {**ROLES, "chief": ["pc-1", "pc-2"]}, ADDRESSES,
+                    port_for)
     with pytest.raises(ValueError, match="no internal address"):
-        build_tasks("async", ROLES, {"pc-1": "10.0.0.1"}, port_for)
+        build_tasks(mode("async").task_types, ROLES, {"pc-1": "10.0.0.1"}, port_for)
     with pytest.raises(ValueError, match="both listen"):
-        build_tasks("async", ROLES, ADDRESSES, lambda n, t, i: 2222)
+        build_tasks(mode("async").task_types, ROLES, ADDRESSES, lambda n, t, i: 2222)
     with pytest.raises(ValueError, match="unknown mode"):
-        build_tasks("ring", ROLES, ADDRESSES, port_for)
+        mode("ring")
+    with pytest.raises(ValueError, match="unknown task type 'evaluator'"):
+        build_tasks(("chief", "evaluator"), ROLES, ADDRESSES, port_for)

@@ -43,6 +43,14 @@ def use_pooling_cpu_allocator() -> None:
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
+def grow_gpu_memory() -> None:
+    """TensorFlow takes nearly all of a GPU's memory when it starts. Tasks of
+    one job that share a node (an async ps beside a worker, a chief beside a
+    worker) would then leave each other nothing: each takes what it uses
+    instead. Before TensorFlow is imported; a value the user set wins."""
+    os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     # TensorFlow's C++ INFO/WARNING chatter would drown the progress lines;
@@ -50,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     ensure_inter_op_threads()
     use_pooling_cpu_allocator()
+    grow_gpu_memory()
     try:
         is_chief = parse_tf_config(os.environ.get("TF_CONFIG")).is_chief
     except ClusterError:

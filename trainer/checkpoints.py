@@ -23,13 +23,20 @@ MAX_TO_KEEP = 3
 
 
 class Checkpoints:
-    def __init__(self, checkpoint: tf.train.Checkpoint, output_dir: Path, *, is_chief: bool):
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        output_dir: Path,
+        *,
+        is_chief: bool,
+        keep: int = MAX_TO_KEEP,
+    ):
         self.checkpoint = checkpoint
         self.is_chief = is_chief
         self.directory = output_dir / "checkpoints"
         self.manager = (
             tf.train.CheckpointManager(
-                checkpoint, str(self.directory), max_to_keep=MAX_TO_KEEP, checkpoint_name="ckpt"
+                checkpoint, str(self.directory), max_to_keep=keep or None, checkpoint_name="ckpt"
             )
             if is_chief
             else None

@@ -51,3 +51,13 @@ class TrainingFailed(TrainerError):
     Exit code 6."""
 
     exit_code = 6
+
+
+class NoGpu(TrainerError):
+    """The job was asked to run on a GPU (``--require-gpu``, or
+    ``$TFCLUSTER_REQUIRE_GPU`` on a node with an accelerator) and TensorFlow
+    sees none: a CPU-only TensorFlow build, a missing or broken driver, or
+    ``CUDA_VISIBLE_DEVICES`` hiding them. Refused instead of training for
+    hours on the CPU. Exit code 7."""
+
+    exit_code = 7

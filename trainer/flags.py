@@ -5,17 +5,20 @@ they make. Parsed before TensorFlow is imported, so ``--help`` and bad flags
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-MODELS = ("cnn", "convnet", "dae", "sdae")
-MODES = ("async", "sync", "average", "single")
+from trainer import catalog
+from trainer.catalog import ENSEMBLE_MODELS, MIXED_PRECISION_MODELS, MODELS
+from trainer.catalog import MODE_NAMES as MODES
+
 NOISES = ("gaussian", "masking")
 
-# Adam step sizes that converge within a few hundred steps on MNIST. The
-# source material's CNN used 1e-4 for 20,000 steps; tfcluster's runs are short.
-DEFAULT_LEARNING_RATE = {"cnn": 1e-3, "convnet": 1e-3, "dae": 3e-3, "sdae": 3e-3}
+# Set (to anything but "", "0") by whoever starts the trainer on a node with
+# an accelerator: the same as --require-gpu.
+REQUIRE_GPU_ENV = "TFCLUSTER_REQUIRE_GPU"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Config:
     output_dir: str = "runs/default"
     data_dir: str | None = None
     checkpoint_every: int = 100
+    keep_checkpoints: int = 3
     resume: bool = False
     log_every: int = 20
     eval: bool = True
@@ -39,6 +43,8 @@ class Config:
     steps_per_call: int = 10
     jit: bool = False
     overlap: bool = False
+    mixed_precision: bool = False
+    require_gpu: bool = False
     # Denoising autoencoders (dae, sdae).
     patch: int = 8
     stride: int = 4
@@ -47,6 +53,8 @@ class Config:
     hidden: int = 256
     width_factor: float = 2.0
     pretrain_steps: int | None = None
+    # Ensemble mode: member i trains ensemble_models[i % len] (empty: --model).
+    ensemble_models: tuple[str, ...] = ()
 
 
 def _positive_int(text: str) -> int:
@@ -83,8 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=MODES,
         default="single",
-        help="async: parameter server; sync: all-reduce every step; average: parameter "
-        "averaging every --average-every steps; single: one process (default)",
+        help="; ".join(f"{m.name}: {m.flag_help}" for m in catalog.MODES.values()),
     )
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=_positive_int, help="total global steps (default 600)")
@@ -104,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--learning-rate", type=_positive_float, help="Adam step size (default per model)"
     )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--output-dir", help="run folder written by the chief (./runs/<UTC time>)")
+    p.add_argument(
+        "--output-dir",
+        help="run folder written by the chief (default: $TFCLUSTER_RUN_DIR, which the "
+        "launcher sets, else ./runs/<UTC time>)",
+    )
     p.add_argument(
         "--data-dir",
         help="folder of the official MNIST .gz files (else $MNIST_DIR, else downloaded once "
@@ -115,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=100,
         help="steps between checkpoints (0: only the final one)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=_non_negative_int,
+        default=3,
+        help="newest checkpoints kept (0: every one, e.g. to evaluate each afterwards)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--log-every", type=_positive_int, default=20, help="steps between progress")
@@ -138,9 +155,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--jit",
+        "--xla",
+        dest="jit",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="XLA-compile the forward and backward pass",
+    )
+    p.add_argument(
+        "--mixed-precision",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="cnn, convnet: compute in float16 (variables stay float32) with dynamic loss "
+        "scaling; pays off on GPUs with tensor cores, slows a CPU down",
+    )
+    p.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help=f"fail (exit 7) instead of training on the CPU when TensorFlow sees no GPU "
+        f"(also when ${REQUIRE_GPU_ENV} is set, as on nodes with an accelerator)",
     )
     p.add_argument(
         "--overlap",
@@ -149,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="async: compute each step while the ps applies the previous one: hides the "
         "update and the transfers where a worker has its own machine, but each worker's "
         "gradients are one more update stale",
+    )
+    p.add_argument(
+        "--ensemble-models",
+        help="ensemble mode: comma-separated models, one per member in turn (chief, then "
+        f"worker 0, 1...), from {', '.join(ENSEMBLE_MODELS)} (default: --model for all)",
     )
     ae = p.add_argument_group("denoising autoencoders (dae, sdae)")
     ae.add_argument("--patch", type=_positive_int, default=8, help="patch side in pixels")
@@ -175,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def env_requires_gpu() -> bool:
+    return os.environ.get(REQUIRE_GPU_ENV, "").strip() not in ("", "0")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -184,6 +225,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         parser.error("--stride larger than --patch would leave pixels out of every patch")
     if args.noise == "masking" and args.noise_level >= 1:
         parser.error("--noise-level for masking noise is a fraction below 1")
+    if args.mixed_precision and args.model not in MIXED_PRECISION_MODELS:
+        parser.error(
+            f"--mixed-precision is for {' and '.join(MIXED_PRECISION_MODELS)}, not {args.model}"
+        )
+    if args.mixed_precision and not catalog.mode(args.mode).mixed_precision:
+        # (GPUs train in single or sync mode; catalog.py says why not others.)
+        takes = [m.name for m in catalog.MODES.values() if m.mixed_precision]
+        parser.error(
+            f"--mixed-precision is for modes {', '.join(takes[:-1])} and {takes[-1]}, "
+            f"not {args.mode}"
+        )
+    ensemble_models = _ensemble_models(parser, args)
     steps = args.steps if args.steps is not None or args.epochs is not None else 600
     if args.model == "sdae" and steps is not None:
         pretrain = args.pretrain_steps or max(1, steps // 4)
@@ -192,18 +245,23 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
                 f"--pretrain-steps {pretrain} for both layers leaves no fine-tuning in "
                 f"{steps} steps"
             )
-    output_dir = args.output_dir or "runs/" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    output_dir = (
+        args.output_dir
+        or os.environ.get("TFCLUSTER_RUN_DIR")
+        or "runs/" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    )
     return Config(
         model=args.model,
         mode=args.mode,
         steps=steps,
         epochs=args.epochs,
         batch_size=args.batch_size,
-        learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE[args.model],
+        learning_rate=args.learning_rate or catalog.model(args.model).learning_rate,
         seed=args.seed,
         output_dir=output_dir,
         data_dir=args.data_dir,
         checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
         log_every=args.log_every,
         eval=args.eval,
@@ -211,6 +269,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         steps_per_call=args.steps_per_call,
         jit=args.jit,
         overlap=args.overlap,
+        mixed_precision=args.mixed_precision,
+        require_gpu=args.require_gpu or env_requires_gpu(),
         patch=args.patch,
         stride=args.stride,
         noise=args.noise,
@@ -218,4 +278,24 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         hidden=args.hidden,
         width_factor=args.width_factor,
         pretrain_steps=args.pretrain_steps,
+        ensemble_models=ensemble_models,
     )
+
+
+def _ensemble_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    """--ensemble-models, checked: classifiers only (an ensemble averages
+    class probabilities), and only with --mode ensemble."""
+    if args.mode != "ensemble":
+        if args.ensemble_models:
+            parser.error("--ensemble-models goes with --mode ensemble")
+        return ()
+    if args.resume:
+        parser.error("--mode ensemble does not resume: members' checkpoints stay on their nodes")
+    models = tuple(m.strip() for m in (args.ensemble_models or args.model).split(","))
+    for model in models:
+        if model not in ENSEMBLE_MODELS:
+            parser.error(
+                f"--mode ensemble averages classifiers: {model!r} is not one of "
+                f"{', '.join(ENSEMBLE_MODELS)}"
+            )
+    return models if args.ensemble_models else ()

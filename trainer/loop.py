@@ -94,6 +94,7 @@ class Monitor:
         done = int(done)
         if done == 0:
             return
+        self.runlog.stepped()
         self.loss_sum += float(loss_sum)
         self.steps += done
         for name, value in sums.items():
@@ -129,6 +130,16 @@ class Monitor:
         self.runlog.checkpoint(step, self.checkpoints.save(step))
 
 
+def first_step_alone(sizes: list[int]) -> list[int]:
+    """``sizes`` with the first call split into one step and the rest: the
+    first call also traces and compiles, and its result ends the start-up
+    (the first progress one step in, not ``--steps-per-call`` steps in).
+    Every log, checkpoint and averaging point stays where it was."""
+    if sizes and sizes[0] > 1:
+        return [1, sizes[0] - 1, *sizes[1:]]
+    return sizes
+
+
 def run_synchronous(
     runs: Sequence[PhaseRun],
     iterator: object,
@@ -147,7 +158,8 @@ def run_synchronous(
             continue
         monitor.enter(run.phase, step)
         limit = tf.constant(end, tf.int64)
-        for k in plan_calls(step, end, per_call, every):
+        sizes = plan_calls(step, end, per_call, every)
+        for k in first_step_alone(sizes) if step == start else sizes:
             monitor.add(run.call(iterator, tf.constant(k, tf.int64), limit))
             step += k
             if after_call is not None:
@@ -189,13 +201,20 @@ def run_async(
     def global_step() -> int:
         return int(np.asarray(step_variable.numpy()))
 
-    def collect(result: Any) -> None:
+    def collect(result: Any, end: int) -> None:
         try:
             monitor.add(result.fetch())
         except WORKER_LOST as e:
             print(f"trainer: lost a closure's result with its worker: {_first_line(e)}", flush=True)
-        monitor.reached(global_step())
+        step = global_step()
+        # The global step runs ahead of the results fetched so far: once it
+        # reached the phase's end, the closures still in flight hold that
+        # end's last steps, and the end is logged once, when all are in
+        # (logged here too, it came twice: the second row 0 steps later).
+        if step < end:
+            monitor.reached(step)
 
+    start = global_step()
     for run in runs:
         end = run.phase.end
         step = global_step()
@@ -206,15 +225,20 @@ def run_async(
         failed_rounds = 0
         while step < end:
             pending: deque[Any] = deque()
+            sizes = plan_calls(step, end, per_call, ())
             try:
-                for k in plan_calls(step, end, per_call, ()):
+                for k in first_step_alone(sizes) if step == start else sizes:
                     args = (iterator, tf.constant(k, tf.int64), limit)
                     pending.append(coordinator.schedule(run.call, args=args))
                     while len(pending) > in_flight:
-                        collect(pending.popleft())
+                        collect(pending.popleft(), end)
+                if step == start and pending:
+                    # The run's first result (one step), as soon as it is
+                    # in, not when the whole round is: it ends the start-up.
+                    collect(pending.popleft(), end)
                 coordinator.join()
                 while pending:
-                    collect(pending.popleft())
+                    collect(pending.popleft(), end)
             except WORKER_LOST as e:
                 print(f"trainer: a worker failed, rescheduling: {_first_line(e)}", flush=True)
             before, step = step, global_step()

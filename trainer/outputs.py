@@ -21,7 +21,8 @@ matplotlib.use("Agg")  # headless nodes: no display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from trainer.progress import Progress
+from trainer import catalog
+from trainer.progress import Progress, Startup
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -39,8 +40,10 @@ class RunLog:
         start_step: int,
         announce_phases: bool = False,
         elapsed_offset: float = 0.0,
+        startup: Startup | None = None,
     ) -> None:
         self.announce_phases = announce_phases
+        self.startup = startup
         # A resumed run continues the elapsed time of the runs before it, so
         # metrics.jsonl stays one time line (time-to-accuracy plots).
         self.elapsed_offset = elapsed_offset
@@ -64,6 +67,11 @@ class RunLog:
 
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
+
+    def stepped(self) -> None:
+        """A call's steps are done (the first ends the start-up)."""
+        if self.startup is not None and not self.startup.done:
+            self.startup.first_step()
 
     def phase(self, name: str) -> None:
         """A new training phase (announced for multi-phase models: sdae)."""
@@ -163,23 +171,45 @@ def read_metrics(output_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_loss(lines: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Loss, and the model's metric, against the global step."""
+def plot_loss(
+    lines: list[dict[str, Any]], path: Path, title: str, final: Mapping[str, Any] | None = None
+) -> None:
+    """Loss, and the model's metric, against the global step; ``final``
+    (the summary) adds the final test figure as a marked point at the last
+    step, so the training curve is read against what the model scored."""
+    fig = loss_figure(lines, title, final)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def loss_figure(
+    lines: list[dict[str, Any]], title: str, final: Mapping[str, Any] | None = None
+) -> Any:
+    """The Figure ``plot_loss`` saves (close it after use)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [line["step"] for line in lines]
     axes[0].plot(steps, [line["loss"] for line in lines], color="tab:blue")
     axes[0].set(xlabel="step", ylabel="training loss", yscale="log", title=title)
-    for name in ("accuracy", "psnr"):
+    # The summary's final test figure marked on the curve of the same metric
+    # (each model's, in the catalog).
+    for name, key, label in catalog.final_metrics():
         points = [(line["step"], line[name]) for line in lines if name in line]
         if points:
             xs, ys = zip(*points, strict=True)
-            axes[1].plot(xs, ys, color="tab:green")
-            axes[1].set(xlabel="step", ylabel=f"training {name}")
+            axes[1].plot(xs, ys, color="tab:green", label=f"training {name}")
+            axes[1].set(xlabel="step", ylabel=name)
+            value = (final or {}).get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                text = f"{label} {value:.4f}"
+                axes[1].plot([xs[-1]], [value], marker="*", markersize=12, color="tab:red",
+                             linestyle="none", label=text)  # fmt: skip
+                axes[1].annotate(text, (xs[-1], value), textcoords="offset points",
+                                 xytext=(-8, 8), ha="right", color="tab:red")  # fmt: skip
+            axes[1].legend(fontsize="small", loc="lower right")
     for axis in axes:
         axis.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def plot_samples(samples: Mapping[str, np.ndarray], path: Path, titles: Mapping[str, str]) -> None:

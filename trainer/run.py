@@ -13,16 +13,25 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-from trainer import distribute
+from trainer import catalog, distribute
 from trainer.data import resolve_data_dir
 from trainer.errors import ClusterError
 from trainer.flags import Config
-from trainer.progress import Progress
+from trainer.progress import Progress, Startup
+
+# How long an async chief waits for its ps and workers to listen: longer
+# than the orchestrator's own wait (240 s), which stops the job first.
+READY_TIMEOUT_S = 300.0
 
 
 def run(config: Config, progress: Progress) -> None:
     info = distribute.parse_tf_config(os.environ.get("TF_CONFIG"))
     distribute.check_mode(info, config.mode)
+    if config.require_gpu:
+        # Before anything slow: a node that cannot use its GPU says so at once.
+        from trainer.accelerators import check_gpus
+
+        check_gpus(required=True)
     if distribute.serves_only(info, config.mode):
         if info.task_type == "worker":
             # Async workers run the input pipelines, which read MNIST from
@@ -30,16 +39,25 @@ def run(config: Config, progress: Progress) -> None:
             # nodes with the same user and flags): make sure it is here.
             resolve_data_dir(config.data_dir)
         distribute.serve(info)
+    startup = Startup.from_env(progress)
     data_dir = resolve_data_dir(config.data_dir)
-    strategy = distribute.create_strategy(config.mode, info)
 
     import tensorflow as tf
+
+    startup.mark("tensorflow")
+    mode = catalog.mode(config.mode)
+    if mode.workers_serve:
+        # Started together with its ps and workers (TensorFlow imported
+        # meanwhile, each on its own), the chief connects once they listen.
+        distribute.wait_for_servers(info, READY_TIMEOUT_S)
+        startup.mark("ready")
+    strategy = distribute.create_strategy(mode.strategy)
 
     from trainer.training import Training
 
     try:
         with own_temp_dir():
-            Training(config, info, strategy, progress, data_dir).run()
+            Training(config, info, strategy, progress, data_dir, startup).run()
     except (
         tf.errors.UnavailableError,
         tf.errors.DeadlineExceededError,

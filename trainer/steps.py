@@ -18,6 +18,16 @@ mirrored strategy, so the loss is scaled by the global batch
 Under ParameterServerStrategy the update is applied on the ps as it arrives
 (async SGD); under the default strategy it is a local update.
 
+With mixed precision the phase's optimizer is a Keras
+``LossScaleOptimizer``: the loss is multiplied by its dynamic scale before
+the gradients are taken (float16 gradients would otherwise underflow), and
+the optimizer divides them back, skipping the update and halving the scale
+when any gradient is not finite. Each replica checks only its own
+gradients, so the replicas first agree on whether all of them are finite
+(``agree_on_finite``): one replica applying an update while another skips
+it would leave the mirrored copies apart, and the optimizer's all-reduce
+waiting for a replica that never comes.
+
 ``train_calls`` loops ``k`` steps inside one ``tf.function`` (Keras'
 steps_per_execution): one Python round trip, one closure to schedule in async
 mode, per ``k`` steps. ``overlapped_calls`` (async, ``--overlap``) does the
@@ -31,35 +41,67 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from trainer.models.base import Batch, Phase
+
+
+class AtomicCounter(keras.Variable):
+    """A Keras optimizer's iteration count, incremented atomically.
+
+    Keras counts an optimizer's iterations with ``Variable.assign_add``,
+    which Keras implements as ``assign(self + 1)``: a read, then a write.
+    In async mode the workers apply their updates to the ps concurrently, so
+    two of them read the same count and one increment is lost (98 counted
+    for 100 steps applied; Adam's bias correction reads that count too).
+    TensorFlow's own ``assign_add`` is one atomic operation on the ps, like
+    the global step's."""
+
+    def assign_add(self, value: Any) -> Any:
+        if in_stateless_scope():
+            return super().assign_add(value)
+        return self._value.assign_add(tf.cast(value, self._value.dtype))
+
+
+def count_atomically(optimizer: keras.optimizers.Optimizer) -> None:
+    """Make ``optimizer`` count its iterations with ``AtomicCounter``: its
+    class is swapped in place, since the optimizer tracks (and checkpoints)
+    the very variable object it created."""
+    counter = optimizer._iterations  # no public hook for the counter
+    if type(counter) is not keras.Variable:
+        raise TypeError(f"unexpected optimizer iteration counter {type(counter).__name__}")
+    counter.__class__ = AtomicCounter
+
 
 # (sum of step losses, sums of step metrics, steps run) of one call.
 CallResult = tuple[tf.Tensor, dict[str, tf.Tensor], tf.Tensor]
 
 
 Compute = Callable[
-    [list[tf.Tensor], Batch], tuple[tf.Tensor, list[tf.Tensor], dict[str, tf.Tensor]]
+    [list[tf.Tensor], Batch, tf.Tensor],
+    tuple[tf.Tensor, list[tf.Tensor], dict[str, tf.Tensor]],
 ]
+
+NO_SCALING = 1.0
 
 
 def gradient_fn(phase: Phase, variables: Sequence[keras.Variable], jit: bool) -> Compute:
-    """``fn(values, batch) -> (mean loss, gradients of the phase's variables,
-    metrics)``: a pure function of the values of all the model's
-    ``variables`` (a loss may read any of them, e.g. the frozen first layer
-    while the second is pretrained)."""
+    """``fn(values, batch, scale) -> (mean loss, gradients of the phase's
+    variables times ``scale``, metrics)``: a pure function of the values of
+    all the model's ``variables`` (a loss may read any of them, e.g. the
+    frozen first layer while the second is pretrained)."""
     position = {id(v): i for i, v in enumerate(variables)}
     trained = [position[id(v)] for v in phase.variables]
 
     def forward_backward(
-        values: list[tf.Tensor], batch: Batch
+        values: list[tf.Tensor], batch: Batch, scale: tf.Tensor
     ) -> tuple[tf.Tensor, list[tf.Tensor], dict[str, tf.Tensor]]:
         watched = [values[i] for i in trained]
         with tf.GradientTape() as tape:
             tape.watch(watched)
             with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
                 per_example, metrics = phase.loss(batch)
-            scaled = tf.nn.compute_average_loss(per_example)
+            scaled = tf.nn.compute_average_loss(per_example) * scale
         grads = tape.gradient(scaled, watched)
         return tf.reduce_mean(per_example), grads, metrics
 
@@ -72,6 +114,27 @@ def read_values(variables: Sequence[keras.Variable]) -> list[tf.Tensor]:
     return [tf.convert_to_tensor(v) for v in variables]
 
 
+def loss_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
+    """The factor the loss is multiplied by before the gradients: the
+    dynamic scale of a ``LossScaleOptimizer``, else 1."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return tf.convert_to_tensor(optimizer.dynamic_scale)
+    return tf.constant(NO_SCALING)
+
+
+def agree_on_finite(grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    """The gradients, made non-finite on every replica when any replica's
+    are (one scalar all-reduce), so that every replica's loss-scale
+    optimizer skips the same steps."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return grads
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
+    poison = tf.where(bad > 0, float("nan"), 0.0)
+    return [g + tf.cast(poison, g.dtype) for g in grads]
+
+
 def replica_step(
     phase: Phase,
     optimizer: keras.optimizers.Optimizer,
@@ -81,10 +144,13 @@ def replica_step(
 ) -> Callable[[Batch], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
     """``fn(batch) -> (mean loss, metrics)`` that trains ``phase`` one step."""
     compute = gradient_fn(phase, variables, jit)
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def step_fn(batch: Batch) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         values = read_values(variables)
-        loss, grads, metrics = compute(values, batch)
+        loss, grads, metrics = compute(values, batch, loss_scale(optimizer))
+        if scaled:
+            grads = agree_on_finite(grads)
         optimizer.apply(grads, phase.variables)
         step.assign_add(1)
         return loss, metrics
@@ -185,7 +251,7 @@ def overlapped_calls(
     def compute_step(
         batch: Batch, values: list[tf.Tensor]
     ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
-        loss, grads, metrics = compute(values, batch)
+        loss, grads, metrics = compute(values, batch, tf.constant(NO_SCALING))
         step.assign_add(1)
         # TensorFlow's automatic control dependencies order this read after
         # the update applied just before (same variables): the next step

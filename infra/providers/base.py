@@ -25,7 +25,9 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel
 
 from infra.config import ClusterConfig
 from infra.state import ClusterState
@@ -62,6 +64,22 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HostKeys:
+    """The SSH host keys a node should present, as its provider learnt them
+    over a channel other than SSH itself (GCE: what the guest agent
+    publishes in guest attributes, read over the authenticated Compute API).
+    """
+
+    # The name they are pinned under in known_hosts: the machine's own
+    # identity, not its address, so the pin survives stop/start and a new
+    # ephemeral IP (GCE: ``compute.<instance id>``, as gcloud names it).
+    alias: str
+    # ``"<type> <base64>"`` lines; empty while the node has not published
+    # them yet (a GCE guest agent does so some seconds after boot).
+    keys: tuple[str, ...] = ()
+
+
 class NodeProvider(ABC):
     """Creates, lists, starts, stops and terminates the nodes of one cluster.
 
@@ -70,7 +88,7 @@ class NodeProvider(ABC):
     take about as long as one.
     """
 
-    #: "gce" | "ssh" | "local"
+    #: Its name in cluster.yaml's ``provider`` (the registry's key).
     kind: str = ""
 
     def __init__(self, config: ClusterConfig, state: ClusterState) -> None:
@@ -96,6 +114,10 @@ class NodeProvider(ABC):
 
     # -- changes ---------------------------------------------------------------
 
+    def check_config(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Refuse (ConfigError) what the provider's cloud would refuse at
+        create time; `up` calls it before planning, so a dry run shows it."""
+
     def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Create what the cluster shares (firewall rule, SSH key); idempotent."""
 
@@ -110,6 +132,10 @@ class NodeProvider(ABC):
     @abstractmethod
     def start_nodes(self, names: Sequence[str]) -> None:
         """Start these stopped nodes and wait until they are running."""
+
+    def wait_nodes(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
+        """Wait for these nodes, already on their way up, with the provider's
+        own patience; by default ``lifecycle.wait_running`` alone waits."""
 
     @abstractmethod
     def stop_nodes(self, names: Sequence[str]) -> None:
@@ -128,6 +154,12 @@ class NodeProvider(ABC):
     def transport(self, nodes: Sequence[Node]) -> Transport:
         """How to run commands on these (running) nodes."""
 
+    def host_keys(self, node: Node) -> HostKeys | None:
+        """The host keys ``node`` must present, known without asking the
+        node; None: the provider has no such channel, and the transport
+        trusts the key it sees on first contact and pins it (provider ssh)."""
+        return None
+
     def task_port(self, node: str, task_type: str, index: int) -> int:
         """Where a task listens: the configured port of its type (one task
         of a type per node, so the port alone is unique on the node)."""
@@ -141,6 +173,98 @@ class NodeProvider(ABC):
         """Whether stop/start mean anything (not for existing ssh hosts)."""
         return True
 
+    def self_stop(self) -> str | None:
+        """Whether a node may power itself off (autostop, infra/autostop.py):
+        None when it can, and stopping saves money; otherwise why not, as
+        one line for the user."""
+        return f"provider {self.kind} cannot stop its nodes from inside"
+
+    #: Whether a node's address is the cloud's to hand to another machine
+    #: once the node stops or goes (a GCE external IP): its pinned host key
+    #: is then forgotten, so the next VM at that address is not refused as
+    #: "changed". Fixed addresses (existing hosts, localhost) keep their pins.
+    ephemeral_addresses = False
+
+    #: Whether a job may bring its missing nodes up on the spot, without
+    #: `up` (local processes: they cost nothing and need no setup).
+    up_on_demand = False
+
+    def operation_timeout(self) -> float:
+        """How long `up` waits for the nodes to run: the provider's own
+        patience (gce: gce.operation_timeout)."""
+        return 600.0
+
+    #: The provider's own section of cluster.yaml, under its name (a strict
+    #: pydantic model; every field with a default): config.py adds it to the
+    #: file's keys. None: no section (the built-in gce and ssh sections are
+    #: ClusterConfig's own fields).
+    config_section: ClassVar[type[BaseModel] | None] = None
+
+    def section(self) -> BaseModel | None:
+        """This cluster's ``config_section``, as cluster.yaml gives it (the
+        section's defaults when the file leaves it out)."""
+        if self.config_section is None:
+            return None
+        given = getattr(self.config, self.config.provider, None)
+        return given if given is not None else self.config_section()
+
+    @classmethod
+    def config_problem(cls, config: ClusterConfig) -> tuple[tuple[str, ...], str] | None:
+        """What this provider refuses in an otherwise valid cluster.yaml, as
+        (the key it is about, one line); None when it has what it needs.
+        config.py asks it while validating the file."""
+        return None
+
+    @classmethod
+    def gpus_per_node(cls, config: ClusterConfig) -> int:
+        """GPUs each node has, from the config alone (setup installs the
+        GPU build of TensorFlow and checks the driver when > 0)."""
+        return 0
+
+    def pending_reason(self, node: Node) -> str | None:
+        """Why a pending node is not up yet, for `up`'s plan; None: it is
+        merely on its way (a booting VM)."""
+        return None
+
+    def not_running(self, node: Node) -> str:
+        """One clause on a node a command needs that is not running."""
+        return f"{node.name} is {node.state.value}"
+
+    #: What to do about nodes that are not running, after ``not_running``.
+    not_running_hint = "run `deploy.py up` first"
+
     def hourly_cost(self, nodes: Sequence[Node]) -> float | None:
         """Estimated USD per hour for these nodes as they are; None = free/unknown."""
+        return None
+
+    # -- what the commands say -------------------------------------------------------
+    # Words differ per provider ("delete" is a lie for machines tfcluster
+    # never made): each provider says them, so that no command asks which
+    # provider it has.
+
+    #: Whether ``up`` installs TensorFlow and syncs the code on the nodes
+    #: (not on local processes, which run this machine's files).
+    needs_setup = True
+
+    #: What ``down`` does to one node, as a plan line's verb ("delete  pc-1").
+    down_verb = "delete"
+    #: ``down``'s question before it acts.
+    down_question = "delete these, with their disks?"
+    #: What ``down`` did; ``{name}`` is the cluster's name.
+    down_done = "deleted {name}: nothing left running or billed"
+
+    def planned_node(self) -> str | None:
+        """What ``up`` would create for one node, from the config alone (no
+        API call, no credentials): machine type, disk, zone. None: nothing
+        worth saying (local folders, existing hosts)."""
+        return None
+
+    def planned_cost(self, count: int) -> float | None:
+        """Estimated USD/hour of ``count`` new nodes while they run, from the
+        config alone; None = free/unknown."""
+        return None
+
+    def price_source(self) -> str | None:
+        """Where the cost estimates come from (a dated price table and its
+        region); None when the provider has no cost."""
         return None

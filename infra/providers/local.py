@@ -9,12 +9,14 @@ very shell commands a VM gets (through ``LocalTransport``).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from infra import commands
@@ -29,9 +31,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 class LocalTransport(Transport):
     """Runs commands with bash on this machine, in each node's folder."""
 
+    copies_files = False
+
     def __init__(self, nodes: Sequence[str], homes: Path) -> None:
         super().__init__(nodes)
         self.homes = homes
+        self.python = _python_on_path(homes.parent / "bin")
 
     def home(self, node: str) -> Path:
         home = self.homes / node
@@ -39,11 +44,14 @@ class LocalTransport(Transport):
             raise RemoteError(f"{node}: local node folder {home} is missing; run `deploy.py up`")
         return home
 
+    def local_folder(self, node: str) -> Path | None:
+        return self.home(node)
+
     def layout(self, node: str) -> NodeLayout:
         return NodeLayout(
             root="tfcluster",
             code=str(PROJECT_ROOT),
-            python=sys.executable,
+            python=self.python,
             runs="tfcluster/runs",
             logs="tfcluster/logs",
         )
@@ -55,11 +63,14 @@ class LocalTransport(Transport):
                 cwd=self.home(node),
                 capture_output=True,
                 text=True,
+                errors="replace",  # a node's output is any bytes; never a crash
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
             raise RemoteError(f"{node}: command timed out after {timeout} s") from None
+        except OSError as exc:
+            raise _not_started(node, exc) from None
         return CommandResult(node, done.returncode, done.stdout, done.stderr)
 
     def stream(
@@ -70,14 +81,19 @@ class LocalTransport(Transport):
         *,
         timeout: float | None = None,
     ) -> int:
-        with subprocess.Popen(
-            ["bash", "-c", command],
-            cwd=self.home(node),
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        ) as proc:
+        try:
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=self.home(node),
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+        except OSError as exc:
+            raise _not_started(node, exc) from None
+        with proc:
             assert proc.stdout is not None
             try:
                 for line in proc.stdout:
@@ -87,6 +103,11 @@ class LocalTransport(Transport):
                 raise
             return proc.wait()
 
+    @contextlib.contextmanager
+    def forward(self, node: str, remote_port: int, local_port: int = 0) -> Iterator[int]:
+        # The nodes are this machine: their 127.0.0.1 is ours.
+        yield remote_port
+
     def fetch(self, node: str, remote_path: str, local_dir: Path) -> None:
         source = Path(remote_path)
         if not source.is_absolute():
@@ -95,13 +116,47 @@ class LocalTransport(Transport):
             raise RemoteError(f"{node}: {remote_path} does not exist")
         if source.resolve() == Path(local_dir).resolve():
             return
-        shutil.copytree(source, local_dir, dirs_exist_ok=True)
+        try:
+            # Symlinks are copied as symlinks, never followed: a run folder
+            # with `a -> .` and `b -> .` (or `data -> /`) had the copy go on
+            # until the disk was full.
+            shutil.copytree(source, local_dir, symlinks=True, dirs_exist_ok=True)
+        except OSError as exc:  # shutil.Error too: a file in the way, no room
+            raise RemoteError(f"{node}: cannot fetch {remote_path}: {str(exc)[:200]}") from None
+
+
+def _not_started(node: str, exc: OSError) -> RemoteError:
+    """bash could not even start: the command (it is bash's argument) is
+    over the kernel's limit (a huge job.env value), or bash is missing."""
+    return RemoteError(f"{node}: could not run bash: {exc.strerror or exc}")
+
+
+def _python_on_path(folder: Path) -> str:
+    """This Python, as a file named ``python`` whose folder can go first on
+    PATH: a user's program says ``python train.py``. A venv's bin has one;
+    a bare interpreter such as /usr/bin/python3 may not, and gets a wrapper
+    (not a symlink: a symlink would lose the venv, which Python finds next
+    to the path it was started as)."""
+    here = Path(sys.executable)
+    if (here.parent / "python").exists():
+        return str(here.parent / "python")
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "python"
+    text = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n"
+    if not wrapper.exists() or wrapper.read_text() != text:
+        tmp = folder / f".python-{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    return str(wrapper)
 
 
 class LocalProvider(NodeProvider):
     """Nodes are folders; 'running' means the folder exists."""
 
     kind = "local"
+    needs_setup = False
+    up_on_demand = True
 
     @property
     def homes(self) -> Path:
@@ -146,6 +201,9 @@ class LocalProvider(NodeProvider):
 
     def can_stop(self) -> bool:
         return False
+
+    def self_stop(self) -> str | None:
+        return "provider local: the nodes are processes of this machine; stopping saves nothing"
 
     def transport(self, nodes: Sequence[Node]) -> Transport:
         return self.transport_for([n.name for n in nodes])

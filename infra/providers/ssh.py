@@ -24,20 +24,27 @@ import logging
 import socket
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from infra import commands
+from infra.config import ClusterConfig
 from infra.errors import ProviderError, RemoteError, StateError
+from infra.fanout import fan_out
 from infra.keys import cluster_key
 from infra.providers.base import Node, NodeProvider, NodeState
-from infra.remote import SshTarget, SshTransport
 from infra.transport import Transport
 
 log = logging.getLogger("tfcluster")
 
 # Listing must stay quick even with a host down: the probe's own timeout.
 PROBE_TIMEOUT_S = 3.0
+
+# What a probe's status means, said plainly for error lines.
+_PLAINLY = {
+    "REFUSED": "connection refused (the machine is up, but nothing listens on that port)",
+    "TIMEOUT": "no answer (the machine is down, or a firewall drops the port)",
+    "UNKNOWN-HOST": "unknown host name",
+}
 
 
 def probe(host: str, port: int, timeout: float) -> str | None:
@@ -59,6 +66,35 @@ class SshProvider(NodeProvider):
     """Existing machines reached over SSH."""
 
     kind = "ssh"
+    # The machines are the user's: `down` stops tfcluster's tasks on them and
+    # leaves the machines and their files alone; it deletes nothing.
+    down_verb = "release"
+    down_question = "stop tfcluster's tasks on these hosts (the machines and their files stay)?"
+    down_done = (
+        "released {name}: no tfcluster task runs on its hosts; "
+        "the machines and their files are as they were"
+    )
+
+    # A host that does not answer says why (refused, no answer), and what to
+    # do is the user's: start the machine or fix its address.
+    not_running_hint = (
+        "start that machine (or fix hosts.<node> in cluster.yaml), then run `deploy.py up`"
+    )
+
+    @classmethod
+    def config_problem(cls, config: ClusterConfig) -> tuple[tuple[str, ...], str] | None:
+        """Every node needs an entry in ``hosts``: there is nothing to create."""
+        if missing := [n for n in config.nodes if n not in config.hosts]:
+            return ("hosts",), (
+                f"provider ssh needs an address for every node; missing {', '.join(missing)}"
+            )
+        return None
+
+    def pending_reason(self, node: Node) -> str | None:
+        return node.status
+
+    def not_running(self, node: Node) -> str:
+        return f"{node.name} does not answer on its SSH port ({node.status.lower()})"
 
     def key(self) -> tuple[Path, str]:
         """The private key the cluster logs in with, and its public line."""
@@ -71,18 +107,18 @@ class SshProvider(NodeProvider):
         self.key()
 
     def non_terminated_nodes(self) -> list[Node]:
-        hosts = [(name, self.config.hosts[name]) for name in self.config.nodes]
+        hosts = {name: self.config.hosts[name] for name in self.config.nodes}
         timeout = min(self.config.ssh.connect_timeout, PROBE_TIMEOUT_S)
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-            probes = list(pool.map(lambda h: probe(h[1].address, h[1].port, timeout), hosts))
+        probes = fan_out(lambda name: probe(hosts[name].address, hosts[name].port, timeout), hosts)
         nodes = []
-        for (name, host), problem in zip(hosts, probes, strict=True):
+        for name, host in hosts.items():
+            problem = probes.results[name]
             nodes.append(
                 Node(
                     name=name,
                     state=NodeState.RUNNING if problem is None else NodeState.PENDING,
                     status="REACHABLE" if problem is None else problem,
-                    internal_ip=host.internal_address or host.address,
+                    internal_ip=host.task_host(),
                     external_ip=host.address,
                     ssh_host=host.address,
                     ssh_port=host.port,
@@ -104,15 +140,28 @@ class SshProvider(NodeProvider):
                 return
             if time.monotonic() > deadline:
                 raise ProviderError(
-                    "existing hosts do not answer on their SSH port: "
-                    + ", ".join(f"{n} ({why})" for n, why in sorted(down.items())),
+                    f"no SSH answer after {self.config.ssh.boot_timeout:g} s (ssh.boot_timeout): "
+                    + "; ".join(
+                        f"{n} at {self._where(n)}: {_PLAINLY.get(why, why.lower())}"
+                        for n, why in sorted(down.items())
+                    ),
                     hint="start those machines (or fix hosts.<node>.address/port), "
                     "then run `deploy.py up` again",
                 )
             time.sleep(2.0)
 
+    def _where(self, name: str) -> str:
+        host = self.config.hosts[name]
+        address = f"[{host.address}]" if ":" in host.address else host.address
+        return f"{address}:{host.port}"
+
     def create_nodes(self, names: Sequence[str]) -> None:
         # Nothing to create: the machines exist. Wait for them to answer.
+        self._wait_reachable(names)
+
+    def wait_nodes(self, names: Sequence[str]) -> None:
+        # A host that does not answer is listed PENDING: wait ssh.boot_timeout
+        # for it (a reboot), not the cloud's operation timeout.
         self._wait_reachable(names)
 
     def start_nodes(self, names: Sequence[str]) -> None:
@@ -145,7 +194,17 @@ class SshProvider(NodeProvider):
     def can_stop(self) -> bool:
         return False
 
+    def self_stop(self) -> str | None:
+        return (
+            "provider ssh: these machines are not ours to power off (someone else may "
+            "use them, and nothing would start them again)"
+        )
+
     def transport(self, nodes: Sequence[Node]) -> Transport:
+        # Imported here: validating cluster.yaml asks this class about its
+        # hosts, which needs no SSH stack.
+        from infra.remote import SshTarget, SshTransport
+
         key_file, _ = self.key()
         targets = []
         for node in nodes:

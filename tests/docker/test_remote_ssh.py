@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra.errors import HostKeyChanged, RemoteError
-from infra.remote import SshTarget, forget_host, known_hosts_name
+from infra.hostkeys import forget_host, known_hosts_name
+from infra.remote import SshTarget
 from infra.state import ClusterState
 from tests.docker.conftest import StartNode, free_port, ssh_config, transport_for, write_config
 

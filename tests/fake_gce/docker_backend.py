@@ -16,7 +16,8 @@ does: the venv, the synced code, the run folders, the host keys), start
 starts it again, delete removes it. The ``ssh-keys`` metadata (``user:key``
 lines) is what a guest agent would install: the keys of the image's login
 user go to its ``authorized_keys`` at create, at each start and on
-``setMetadata``.
+``setMetadata``. The guest attributes ``hostkeys/`` are the container's
+own /etc/ssh/ssh_host_*_key.pub, read when asked.
 
 Every container and network carries ``label``; ``close`` removes them all.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ class DockerBackend(InstanceBackend):
         self._next_vpc = _FIRST_HOST
         self._next_ext = _FIRST_HOST
         self._internal: dict[str, str] = {}  # container -> its VPC address (kept)
+        self._events: subprocess.Popen[str] | None = None  # `docker events`, see watch()
         for name, subnet in ((self.vpc, vpc_subnet), (self.external, external_subnet)):
             docker("network", "create", "--label", label, "--subnet", subnet, name)
 
@@ -166,7 +168,46 @@ class DockerBackend(InstanceBackend):
         if self.running(instance["name"]):
             docker("exec", name, "sh", "-c", install)
 
+    def host_keys(self, instance: dict[str, Any]) -> list[str]:
+        # What the guest agent publishes: the container's real host keys,
+        # so that the e2e path pins exactly what its sshd presents.
+        if not self.running(instance["name"]):
+            return []
+        out = docker(
+            "exec", self.container(instance), "sh", "-c",
+            "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null", check=False,
+        )  # fmt: skip
+        return [" ".join(line.split()[:2]) for line in out.splitlines() if line.strip()]
+
+    def watch(self, guest_stopped: Callable[[str], None]) -> None:
+        """A container that ends by itself (its guest ran `shutdown`, which
+        in a container ends PID 1) is a guest shutdown: followed with
+        `docker events`. A stop of the fake's own (stop, preemption,
+        delete) has already left the instance not RUNNING, and a container
+        that runs again by the time its event is read is no shutdown."""
+        self._events = subprocess.Popen(
+            ["docker", "events", "--filter", f"label={self.label}", "--filter", "type=container",
+             "--filter", "event=die", "--format", "{{.Actor.Attributes.name}}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        events = self._events
+
+        def follow() -> None:
+            assert events.stdout is not None
+            for line in events.stdout:
+                container = line.strip()
+                if not container.startswith(f"{self.prefix}-"):
+                    continue  # another world's container
+                instance = container[len(self.prefix) + 1 :]
+                if not self.running(instance):
+                    guest_stopped(instance)
+
+        threading.Thread(target=follow, daemon=True, name=f"{self.prefix}-events").start()
+
     def close(self) -> None:
+        if self._events is not None:
+            self._events.terminate()
+            self._events.wait(timeout=10)
         for kind in ("container", "network"):
             found = docker(kind, "ls", "-aq" if kind == "container" else "-q",
                            "-f", f"label={self.label}", check=False).split()  # fmt: skip

@@ -2,7 +2,8 @@
 
 ``FakeGce`` is a ``ThreadingHTTPServer`` on a loopback port that speaks the
 JSON of the real API: instances (insert, bulkInsert, get, list,
-aggregatedList, start, stop, resume, delete, setLabels, setMetadata),
+aggregatedList, start, stop, resume, delete, setLabels, setMetadata,
+getGuestAttributes),
 firewalls (insert, get, list, patch, update, delete) and zone/global operations
 (get, wait). Point a client at it with
 ``ClientOptions(api_endpoint=fake.endpoint)`` and ``AnonymousCredentials()``.
@@ -22,10 +23,25 @@ What it models, because the provider depends on it:
 * networkIP is assigned at create (10.128.x.y) and kept; natIP (TEST-NET-3,
   203.0.113.x, never contacted) is assigned when the instance runs, dropped
   when it stops, and is a new one after each start.
+* Guest attributes: with ``enable-guest-attributes=TRUE`` in its metadata, a
+  RUNNING instance's guest agent publishes its SSH host keys under
+  ``hostkeys/<type>`` = base64 (what ``InstanceBackend.host_keys`` says),
+  ``Latency.host_keys`` seconds after it runs; until then, when disabled
+  or stopped, ``getGuestAttributes`` answers 404.
 * Errors have the real shape ``{"error": {"code", "message", "errors":
   [{"message", "domain", "reason"}]}}``: 404 notFound, 409 alreadyExists,
   400 invalid, 412 conditionNotMet (label / metadata fingerprints), 403
   quotaExceeded, 503 backendError.
+
+* What is offered (``catalog.py``): an insert is refused as GCE refuses it
+  when its machine type or GPU is not in the zone, its GPUs do not fit the
+  machine family or count, its boot disk is smaller than its image or of a
+  type the family cannot use, or its network is custom-mode without a
+  subnetwork of the zone's region. ``images.get``/``getFromFamily``,
+  ``networks.get`` and ``projects.get`` (commonInstanceMetadata:
+  ``project_metadata``) answer from the same tables. Each project starts
+  with the auto-mode ``default`` network and GCE's four ``default-allow-*``
+  rules at 65534; ``reachable`` evaluates the rules as GCE does.
 
 Faults are injected per call (``fail``, ``stockout``, ``quota_exceeded``,
 ``hook``) and by hand (``preempt``, ``suspend``, ``remove_instance``).
@@ -56,6 +72,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from tests.fake_gce import catalog
 from tests.fake_gce.filters import FilterError, compile_filter
 
 # selfLinks name Google's endpoint, as the real API's do, whatever the
@@ -108,6 +125,7 @@ class Latency:
     delete: float = 0.0  # STOPPING before the instance is gone
     firewall: float = 0.0  # any firewall operation
     metadata: float = 0.0  # setLabels / setMetadata operations
+    host_keys: float = 0.0  # RUNNING before the guest agent publishes its host keys
     # Instance name -> its own PROVISIONING time (a slow node among fast ones).
     per_instance: dict[str, float] = field(default_factory=dict)
 
@@ -150,6 +168,19 @@ class InstanceBackend:
 
     def on_metadata(self, instance: dict[str, Any]) -> None:
         """``setMetadata`` changed the metadata (new ``ssh-keys``, say)."""
+
+    def host_keys(self, instance: dict[str, Any]) -> list[str]:
+        """The public host keys (``<type> <base64>`` lines) the guest agent
+        of this running instance publishes; [] while it has none. Default:
+        one generated ed25519 key per instance id (``generated_host_key``),
+        kept across stop and start as a disk keeps /etc/ssh. Called on the
+        HTTP threads, without the fake's lock."""
+        return [generated_host_key(instance["id"])[1]]
+
+    def watch(self, guest_stopped: Callable[[str], None]) -> None:
+        """Call ``guest_stopped(instance name)`` whenever an instance's
+        guest stops by itself (a shutdown inside it). Default: guests
+        never do."""
 
     def close(self) -> None:
         """The fake shuts down: release everything still held."""
@@ -257,6 +288,9 @@ class _Instance:
     op_lock: threading.Lock = field(default_factory=threading.Lock)
     deleted: bool = False
     backend_created: bool = False
+    running_since: float | None = None  # monotonic time it last became RUNNING
+    # Set by tests (``set_guest_attribute``): path -> value, over the backend's.
+    guest_attributes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -311,6 +345,11 @@ class FakeGce:
         self._lock = threading.RLock()
         self._closing = threading.Event()
         self._instances: dict[tuple[str, str, str], _Instance] = {}
+        # Per project, made on first use (see ``_project``): its networks
+        # (the auto-mode `default` one, with GCE's four default firewall
+        # rules) and its project metadata (commonInstanceMetadata).
+        self._networks: dict[str, dict[str, catalog.Network]] = {}
+        self.project_metadata: dict[str, dict[str, str]] = {}
         self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
         self._pending_firewalls: set[tuple[str, str]] = set()
         self._operations: dict[tuple[str, str, str], _Operation] = {}
@@ -339,6 +378,7 @@ class FakeGce:
             name="fake-gce",
         )
         self._serve_thread.start()
+        self.backend.watch(self.guest_shutdown)
         return self
 
     def stop(self) -> None:
@@ -501,6 +541,29 @@ class FakeGce:
         self.backend.on_stop(snapshot)
         self._finish(op)
 
+    def guest_shutdown(self, name: str, zone: str | None = None) -> bool:
+        """The guest powered itself off (``shutdown -h now`` inside it): GCE
+        makes the instance TERMINATED (disks kept, external IP gone) and
+        records a ``compute.instances.guestTerminate`` operation. False
+        when it was not RUNNING: a stop, delete or preemption of the API
+        had stopped the guest."""
+        try:
+            inst = self._find(name, zone)
+        except KeyError:
+            return False
+        with self._lock:
+            res = inst.resource
+            if inst.deleted or res["status"] != "RUNNING":
+                return False
+            res["status"] = "TERMINATED"
+            res["lastStopTimestamp"] = _now()
+            self._drop_nat(res)
+            op = self._new_operation(
+                inst.project, f"zones/{inst.zone}", "compute.instances.guestTerminate", res
+            )
+        self._finish(op)
+        return True
+
     def suspend(self, name: str, zone: str | None = None) -> None:
         """The instance is SUSPENDED (as ``instances.suspend`` leaves it)."""
         inst = self._find(name, zone)
@@ -534,9 +597,128 @@ class FakeGce:
         with self._lock:
             return copy.deepcopy(inst.resource)
 
-    def firewalls(self) -> list[dict[str, Any]]:
+    def firewalls(self, *, defaults: bool = False) -> list[dict[str, Any]]:
+        """The firewall rules; GCE's own default-allow-* only with ``defaults``."""
         with self._lock:
-            return [copy.deepcopy(f) for _, f in sorted(self._firewalls.items())]
+            return [
+                copy.deepcopy(f)
+                for (_, name), f in sorted(self._firewalls.items())
+                if defaults or not name.startswith("default-allow-")
+            ]
+
+    # -- projects, networks, reachability ------------------------------------------------
+
+    def _project(self, project: str) -> dict[str, catalog.Network]:
+        """The project's networks, made on its first request as GCE makes a
+        new project: the auto-mode `default` network and its default rules."""
+        with self._lock:
+            networks = self._networks.get(project)
+            if networks is None:
+                regions = [z.rsplit("-", 1)[0] for z in self.zones]
+                networks = {"default": catalog.default_network(regions)}
+                self._networks[project] = networks
+                for rule in catalog.default_firewalls(project):
+                    self._firewalls.setdefault((project, rule["name"]), rule)
+                self.project_metadata.setdefault(project, {})
+            return networks
+
+    def add_network(
+        self, name: str, subnets: Mapping[str, Sequence[str]], *, project: str = "fake-project",
+        auto: bool = False,
+    ) -> None:
+        """A VPC network: custom mode (``auto`` False) with ``subnets``
+        (region -> subnetwork names)."""
+        networks = self._project(project)
+        with self._lock:
+            networks[name] = catalog.Network(name, auto, {r: list(n) for r, n in subnets.items()})
+
+    def reachable(
+        self, name: str, port: int, *, source_ip: str | None = None, source: str | None = None
+    ) -> bool:
+        """Whether a TCP connection to ``port`` of instance ``name`` gets
+        through the firewall rules: from the address ``source_ip`` (outside),
+        or from the instance ``source`` (its internal IP and network tags)."""
+        target = self.instance(name)
+        tags: list[str] = []
+        if source is not None:
+            other = self.instance(source)
+            source_ip = other["networkInterfaces"][0]["networkIP"]
+            tags = list(other["tags"]["items"])
+        assert source_ip is not None, "give source_ip or source"
+        # The rules of the network's project (a Shared VPC's host project).
+        network_url = target["networkInterfaces"][0]["network"]
+        project = network_url.split("/projects/", 1)[1].split("/", 1)[0]
+        with self._lock:
+            rules = [copy.deepcopy(f) for (p, _), f in self._firewalls.items() if p == project]
+        return catalog.ingress_allowed(
+            rules,
+            network=_last(target["networkInterfaces"][0]["network"]),
+            target_tags=target["tags"]["items"],
+            port=port,
+            source_ip=source_ip,
+            source_tags=tags,
+        )
+
+    def _api_images_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
+        image = catalog.find_image(p["image_project"], f"projects/{p['image_project']}/global/images/"
+                                   f"{p['name']}")
+        return catalog.image_resource(image)
+
+    def _api_images_getFromFamily(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
+        image = catalog.find_image(
+            p["image_project"], f"projects/{p['image_project']}/global/images/family/{p['name']}"
+        )
+        return catalog.image_resource(image)
+
+    def _api_networks_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
+        with self._lock:
+            net = self._project(p["project"]).get(p["name"])
+            if net is None:
+                raise ApiError(
+                    404,
+                    f"The resource 'projects/{p['project']}/global/networks/{p['name']}' was "
+                    "not found",
+                    "notFound",
+                )
+            return catalog.network_resource(p["project"], net)
+
+    def _api_projects_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
+        with self._lock:
+            items = [{"key": k, "value": v}
+                     for k, v in self.project_metadata.get(p["project"], {}).items()]
+        return {
+            "kind": "compute#project",
+            "id": str(10**18 + len(p["project"])),
+            "name": p["project"],
+            "commonInstanceMetadata": {
+                "kind": "compute#metadata", "fingerprint": _fingerprint(items), "items": items,
+            },
+            "defaultNetworkTier": "PREMIUM",
+            "selfLink": f"{API_ROOT}/projects/{p['project']}",
+        }
+
+    def pending_stop(self, name: str, zone: str | None = None) -> None:
+        """A stop waiting for the guest to shut down: PENDING_STOP, then
+        TERMINATED after ``latency.stop``; GCE refuses to start it meanwhile."""
+        inst = self._find(name, zone)
+        with self._lock:
+            inst.resource["status"] = "PENDING_STOP"
+
+        def later() -> None:
+            try:
+                self._sleep(self.latency.stop)
+            except _Closing:
+                return
+            with self._lock:
+                snapshot = copy.deepcopy(inst.resource)
+            self.backend.on_stop(snapshot)
+            with self._lock:
+                if inst.resource["status"] == "PENDING_STOP":
+                    inst.resource["status"] = "TERMINATED"
+                    inst.resource["lastStopTimestamp"] = _now()
+                    self._drop_nat(inst.resource)
+
+        threading.Thread(target=later, daemon=True, name=f"pending-stop-{name}").start()
 
     def firewall(self, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -610,6 +792,8 @@ class FakeGce:
                 self.calls.append(call)
             return status, payload
         op, params = route
+        if params.get("project"):
+            self._project(params["project"])
         name = params.get("name") or (body.get("name") if isinstance(body, dict) else None)
         call = Call(
             op, method, path, query, body, params.get("project"), params.get("zone"), name,
@@ -643,6 +827,9 @@ class FakeGce:
             status, payload = 200, handler(call, params, query, body)
         except ApiError as exc:
             status, payload = exc.status, exc.payload()
+        except catalog.Refusal as exc:
+            status = exc.status
+            payload = ApiError(exc.status, exc.message, exc.reason).payload()
         except FilterError as exc:
             status = 400
             payload = ApiError(
@@ -840,6 +1027,65 @@ class FakeGce:
         with self._lock:
             return copy.deepcopy(inst.resource)
 
+    def _api_instances_getGuestAttributes(
+        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
+    ) -> Any:
+        inst = self._instance(p["project"], p["zone"], p["name"])
+        path = query.get("queryPath", "")
+        if not re.match(r"^([\w-]+/[\w-]*)?$", path):
+            raise ApiError(400, f"Invalid value for field 'queryPath': '{path}'", "invalid")
+        with self._lock:
+            resource = copy.deepcopy(inst.resource)
+            since = inst.running_since
+            overrides = dict(inst.guest_attributes)
+        items = {i.get("key"): i.get("value") for i in resource["metadata"]["items"]}
+        attributes: dict[str, str] = {}
+        if (
+            str(items.get("enable-guest-attributes", "")).upper() == "TRUE"
+            and resource["status"] == "RUNNING"
+            and since is not None
+            and time.monotonic() - since >= self.latency.host_keys
+        ):
+            for line in self.backend.host_keys(resource):
+                fields = line.split()
+                if len(fields) >= 2:
+                    attributes[f"hostkeys/{fields[0]}"] = fields[1]
+            attributes.update(overrides)
+        base = f"projects/{p['project']}/zones/{p['zone']}/instances/{p['name']}"
+        answer: dict[str, Any] = {
+            "kind": "compute#guestAttributes",
+            "queryPath": path,
+            "selfLink": f"{API_ROOT}/{base}/guestAttributes/{path}",
+        }
+        if path.endswith("/") or not path:
+            found = [
+                {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+                for k, v in sorted(attributes.items())
+                if k.startswith(path)
+            ]
+            if found:
+                answer["queryValue"] = {"items": found}
+        elif path in attributes:
+            answer["variableKey"] = path
+            answer["variableValue"] = attributes[path]
+        if "queryValue" not in answer and "variableValue" not in answer:
+            raise ApiError(
+                404, f"The resource '{base}/guestAttributes/{path}' was not found", "notFound"
+            )
+        return answer
+
+    def set_guest_attribute(
+        self, name: str, path: str, value: str | None, zone: str | None = None
+    ) -> None:
+        """Publish ``path`` (``namespace/key``) as the guest would, over
+        what the backend publishes; None removes it again."""
+        inst = self._find(name, zone)
+        with self._lock:
+            if value is None:
+                inst.guest_attributes.pop(path, None)
+            else:
+                inst.guest_attributes[path] = value
+
     def _api_instances_list(
         self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
     ) -> Any:
@@ -945,6 +1191,7 @@ class FakeGce:
                 if not inst.deleted and inst.resource["status"] == "STAGING":
                     inst.resource["status"] = "RUNNING"
                     inst.resource["lastStartTimestamp"] = _now()
+                    inst.running_since = time.monotonic()
 
     def _api_instances_bulkInsert(
         self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
@@ -1066,6 +1313,15 @@ class FakeGce:
             raise ApiError(
                 400, "Required field 'resource.networkInterfaces' not specified", "required"
             )
+        # What the zone offers, the family allows, the image and network need.
+        catalog.check_machine_and_gpus(
+            zone, machine_name, body.get("guestAccelerators") or [], project
+        )
+        image_gb = 10
+        if init.get("sourceImage"):
+            image_gb = catalog.check_boot_disk(project, zone, machine_name, init).disk_gb
+        for index, nic in enumerate(nics):
+            catalog.check_nic(project, zone, nic, index, self._project)
         labels = dict(body.get("labels") or {})
         _check_labels(labels)
         scheduling = {
@@ -1095,7 +1351,8 @@ class FakeGce:
                     "invalid",
                 )
         accelerators = body.get("guestAccelerators") or []
-        if accelerators and scheduling["onHostMaintenance"] != "TERMINATE":
+        builtin = catalog.BUILTIN_GPUS.get(machine_name)
+        if (accelerators or builtin) and scheduling["onHostMaintenance"] != "TERMINATE":
             raise ApiError(
                 400,
                 "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. "
@@ -1133,7 +1390,7 @@ class FakeGce:
                     "boot": True,
                     "autoDelete": bool(boot[0].get("autoDelete", False)),
                     "interface": "SCSI",
-                    "diskSizeGb": str(init.get("diskSizeGb") or 10),
+                    "diskSizeGb": str(init.get("diskSizeGb") or image_gb),
                     # Not in the real attachedDisk; kept so tests can check the request.
                     "x-fake-diskType": disk_type,
                     "x-fake-sourceImage": init.get("sourceImage") or "",
@@ -1153,6 +1410,13 @@ class FakeGce:
             "deletionProtection": bool(body.get("deletionProtection", False)),
             "fingerprint": _fingerprint(name),
         }
+        if builtin:
+            # The instance lists the GPUs its machine type comes with.
+            kind, count = builtin
+            resource["guestAccelerators"] = [
+                {"acceleratorType": f"{zone_url}/acceleratorTypes/{kind}",
+                 "acceleratorCount": count}
+            ]
         if accelerators:
             resource["guestAccelerators"] = [
                 {
@@ -1281,7 +1545,7 @@ class FakeGce:
         inst = self._instance(p["project"], p["zone"], p["name"])
         with self._lock:
             status = inst.resource["status"]
-            if status == "STOPPING":
+            if status in ("STOPPING", "PENDING_STOP"):
                 raise ApiError(
                     400,
                     f"The resource 'projects/{inst.project}/zones/{inst.zone}/instances/"
@@ -1328,6 +1592,7 @@ class FakeGce:
                     if inst.resource["status"] == "STAGING":
                         inst.resource["status"] = "RUNNING"
                         inst.resource["lastStartTimestamp"] = _now()
+                        inst.running_since = time.monotonic()
 
         self._spawn(op, work)
         return answer
@@ -1421,6 +1686,7 @@ class FakeGce:
 
     def _firewall_insert(self, project: str, body: Any) -> Any:
         resource = _firewall_resource(project, body)
+        catalog.check_firewall_network(project, body, self._project(project))
         key = (project, resource["name"])
         with self._lock:
             if key in self._firewalls or key in self._pending_firewalls:
@@ -1475,6 +1741,7 @@ class FakeGce:
             else:
                 merged = {**given, "name": current["name"]}
             updated = _firewall_resource(p["project"], merged, keep=current)
+            catalog.check_firewall_network(p["project"], merged, self._project(p["project"]))
             op = self._new_operation(p["project"], "global", kind, current)
             answer = copy.deepcopy(op.resource)
 
@@ -1596,6 +1863,18 @@ def _firewall_resource(
             400, "Required field 'resource.allowed' or 'resource.denied' not specified",
             "required",
         )
+    if allowed and denied:
+        # One rule allows or denies, never both (the real API's 400).
+        raise ApiError(
+            400, "Invalid value for field 'resource': only one of 'allowed' or 'denied' "
+            "may be specified", "invalid",
+        )
+    priority = body.get("priority", 1000)
+    if not isinstance(priority, int) or not 0 <= priority <= 65535:
+        raise ApiError(
+            400, f"Invalid value for field 'resource.priority': '{priority}'. Must be "
+            "between 0 and 65535", "invalid",
+        )
     for rule in [*allowed, *denied]:
         if not rule.get("IPProtocol"):
             raise ApiError(400, "Required field 'IPProtocol' not specified", "required")
@@ -1629,7 +1908,7 @@ def _firewall_resource(
         "name": name,
         "description": body.get("description", ""),
         "network": _network_url(project, body.get("network")),
-        "priority": int(body.get("priority", 1000)),
+        "priority": priority,
         "direction": direction,
         "logConfig": {"enable": False},
         "disabled": bool(body.get("disabled", False)),
@@ -1686,12 +1965,20 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", _Z + r"/instances/(?P<name>[^/]+)/resume", "instances.resume"),
         ("POST", _Z + r"/instances/(?P<name>[^/]+)/setLabels", "instances.setLabels"),
         ("POST", _Z + r"/instances/(?P<name>[^/]+)/setMetadata", "instances.setMetadata"),
+        ("GET", _Z + r"/instances/(?P<name>[^/]+)/getGuestAttributes",
+         "instances.getGuestAttributes"),
         ("GET", _P + r"/global/firewalls", "firewalls.list"),
         ("POST", _P + r"/global/firewalls", "firewalls.insert"),
         ("GET", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.get"),
         ("PATCH", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.patch"),
         ("PUT", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.update"),
         ("DELETE", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.delete"),
+        ("GET", r"^/compute/v1/projects/(?P<image_project>[^/]+)/global/images/family/"
+         r"(?P<name>[^/]+)", "images.getFromFamily"),
+        ("GET", r"^/compute/v1/projects/(?P<image_project>[^/]+)/global/images/(?P<name>[^/]+)",
+         "images.get"),
+        ("GET", _P + r"/global/networks/(?P<name>[^/]+)", "networks.get"),
+        ("GET", _P, "projects.get"),
         ("GET", _Z + r"/operations/(?P<name>[^/]+)", "zoneOperations.get"),
         ("POST", _Z + r"/operations/(?P<name>[^/]+)/wait", "zoneOperations.wait"),
         ("GET", _P + r"/global/operations/(?P<name>[^/]+)", "globalOperations.get"),
@@ -1747,6 +2034,31 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         # The call log is the record; stderr noise would drown test output.
         return
+
+
+_GENERATED: dict[str, tuple[str, str]] = {}
+_GENERATED_LOCK = threading.Lock()
+
+
+def generated_host_key(instance_id: str) -> tuple[str, str]:
+    """The default backend's host key of an instance: (private key in
+    OpenSSH PEM, public ``ssh-ed25519 <base64>`` line), made on first use."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    with _GENERATED_LOCK:
+        if instance_id not in _GENERATED:
+            key = Ed25519PrivateKey.generate()
+            private = key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            ).decode()
+            public = key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            ).decode()
+            _GENERATED[instance_id] = (private, public)
+        return _GENERATED[instance_id]
 
 
 def running_names(fake: FakeGce, statuses: Iterable[str] = ("RUNNING",)) -> list[str]:

@@ -3,6 +3,8 @@ call of the loop runs in-process (default strategy)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -26,6 +28,15 @@ def test_classifiers_have_the_source_architectures(name: str, params: int) -> No
     model = create_task(parse_args(["--model", name])).build_model()
     assert model.count_params() == params
     assert model(tf.zeros([3, 28, 28, 1])).shape == (3, 10)
+
+
+@pytest.mark.parametrize("name", ["cnn", "convnet", "dae", "sdae"])
+def test_a_checkpoint_holds_every_variable_of_the_model(name: str, tmp_path: Path) -> None:
+    model = create_task(parse_args(["--model", name])).build_model()
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    in_model = sorted(tuple(shape) for key, shape in saved.items() if key.startswith("model/"))
+    assert in_model == sorted(tuple(v.shape) for v in model.variables)
 
 
 def test_sdae_creates_both_layers_up_front_with_a_wider_second_layer() -> None:

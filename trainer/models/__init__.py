@@ -1,23 +1,20 @@
 """Model modules, one per concept: classifiers (cnn, convnet), the denoising
-autoencoder (dae) and the stacked one (sdae). ``create_task`` is the registry."""
+autoencoder (dae) and the stacked one (sdae).
+
+``trainer/catalog.py`` names each model's module; the module's
+``create_task(config)`` makes its ``Task`` (``trainer/models/base.py``).
+A new model is a module here and its line in the catalog."""
 
 from __future__ import annotations
 
+import importlib
+
+from trainer import catalog
 from trainer.flags import Config
 from trainer.models.base import Task
 
 
 def create_task(config: Config) -> Task:
-    if config.model in ("cnn", "convnet"):
-        from trainer.models.classifier import ClassifierTask
-
-        return ClassifierTask(config.model)
-    if config.model == "dae":
-        from trainer.models.dae import DenoisingTask
-
-        return DenoisingTask(config)
-    if config.model == "sdae":
-        from trainer.models.sdae import StackedDenoisingTask
-
-        return StackedDenoisingTask(config)
-    raise ValueError(f"unknown model {config.model!r}")
+    module = importlib.import_module(catalog.model(config.model).module)
+    task: Task = module.create_task(config)
+    return task

@@ -44,10 +44,12 @@ class Phase:
 @dataclass
 class Evaluation:
     """Held-out results for summary.json, and for autoencoders the sample
-    images: ``{"G": originals, "C": corrupted, "R": reconstructed}``."""
+    images: ``{"G": originals, "C": corrupted, "R": reconstructed}`` (rows
+    of samples.png), with a title for any row."""
 
     results: dict[str, float]
     samples: dict[str, np.ndarray] = field(default_factory=dict)
+    titles: dict[str, str] = field(default_factory=dict)
 
 
 class Task(Protocol):

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.data import Split
+from trainer.flags import Config
 from trainer.inputs import index_batches, step_seed
 from trainer.models.base import Batch, Evaluation, Phase
 
@@ -55,6 +56,12 @@ class Classifier(keras.Model):
         self.features.append(L.Flatten())
         self.hidden = [L.Dense(units, activation="relu") for units in arch.dense]
         self.logits = L.Dense(10)
+        # A tf.train.Checkpoint holds a Keras 3 layer's attributes, but not
+        # the layers inside its lists (Keras' TrackedList is no TensorFlow
+        # trackable): without these, a checkpoint held the logits layer
+        # alone, and --resume went on from freshly initialised convolutions.
+        for i, layer in enumerate([*self.features, *self.hidden]):
+            setattr(self, f"layer_{i}", layer)
 
     def call(
         self, x: tf.Tensor, training: bool = False, seed: tf.Tensor | None = None
@@ -83,7 +90,9 @@ class ClassifierTask:
 
     def phases(self, model: keras.Model, total_steps: int) -> list[Phase]:
         def loss(batch: Batch) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-            logits = model(batch["x"], training=True, seed=batch["seed"])
+            # float32 for the loss and softmax also under mixed precision
+            # (where the layers compute in float16).
+            logits = tf.cast(model(batch["x"], training=True, seed=batch["seed"]), tf.float32)
             per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["y"], logits)
             correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), batch["y"])
             return per_example, {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
@@ -94,11 +103,21 @@ class ClassifierTask:
         return num_images
 
     def build_inputs(
-        self, data_dir: str, batch_size: int, start_batch: int, key: tf.Tensor
+        self,
+        data_dir: str,
+        batch_size: int,
+        start_batch: int,
+        key: tf.Tensor,
+        shard: tuple[int, int] | None = None,
     ) -> tf.data.Dataset:
+        """``shard`` (index, count): only every count-th image from index
+        on (an ensemble member's own part of the data)."""
         from trainer.data import read_split_tf
 
         images, labels = read_split_tf(data_dir, "train")
+        if shard is not None:
+            index, count = shard
+            images, labels = images[index::count], labels[index::count]
 
         def cut(item: dict[str, tf.Tensor]) -> Batch:
             x = tf.cast(tf.gather(images, item["index"]), tf.float32) / 255.0
@@ -108,7 +127,7 @@ class ClassifierTask:
         return stream.map(cut, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def evaluate(self, model: keras.Model, test: Split, seed: int) -> Evaluation:
-        predict = tf.function(lambda x: model(x, training=False))
+        predict = tf.function(lambda x: tf.cast(model(x, training=False), tf.float32))
         correct, total_loss = 0, 0.0
         for begin in range(0, len(test), 500):
             x = test.images[begin : begin + 500, :, :, None].astype(np.float32) / 255.0
@@ -124,3 +143,7 @@ class ClassifierTask:
 
     def describe(self) -> dict[str, Any]:
         return {"dropout": self.arch.dropout}
+
+
+def create_task(config: Config) -> ClassifierTask:
+    return ClassifierTask(config.model)

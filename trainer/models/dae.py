@@ -151,10 +151,11 @@ class DenoisingTask:
             mse = ((images - clean) ** 2).reshape(len(clean), -1).mean(axis=1)
             return float(psnr_np(mse).mean())
 
+        corrupted, reconstructed = mean_psnr(noisy), mean_psnr(restored)
         return Evaluation(
             results={
-                "psnr_corrupted": mean_psnr(noisy),
-                "psnr_reconstructed": mean_psnr(restored),
+                "psnr_corrupted": corrupted,
+                "psnr_reconstructed": reconstructed,
                 "eval_images": float(len(clean)),
             },
             samples={
@@ -162,6 +163,7 @@ class DenoisingTask:
                 "C": noisy[:SAMPLE_IMAGES],
                 "R": restored[:SAMPLE_IMAGES],
             },
+            titles={"C": f"{corrupted:.1f} dB", "R": f"{reconstructed:.1f} dB"},
         )
 
     def describe(self) -> dict[str, Any]:
@@ -173,3 +175,7 @@ class DenoisingTask:
             "noise_level": self.noise_level,
             "hidden": self.hidden,
         }
+
+
+def create_task(config: Config) -> DenoisingTask:
+    return DenoisingTask(config)

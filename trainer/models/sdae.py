@@ -100,3 +100,7 @@ class StackedDenoisingTask(DenoisingTask):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hidden2": self.wide}
+
+
+def create_task(config: Config) -> StackedDenoisingTask:
+    return StackedDenoisingTask(config)

@@ -1,0 +1,210 @@
+"""Benchmark of a job's overhead: how long from `deploy.py train` to the
+first step, and from the last step to the prompt, against the training
+itself? (Not a test: it prints what it measured.)
+
+    .venv/bin/python bench/startup.py [--steps 20] [--rounds 3] [--before REV] [--json-only]
+
+Runs `deploy.py train --steps N` as a user does (a new process, its output
+read as it comes) on the local cluster: ps + 2 workers + chief, the CNN in
+async mode, MNIST from $MNIST_DIR, each run in a fresh state folder
+($TFCLUSTER_HOME) and results folder. Times, from the command's start:
+
+* ``training_start``: the chief's ``training ...`` line (it is about to
+  take its first step; the same in every revision);
+* ``first_step``: the chief says its first step is done (its ``startup:
+  first step`` line); from a chief that does not say it (``--before`` an
+  older revision), the first progress line instead, which comes with the
+  first call's result (``--log-every 10``: 10 steps in, an upper bound);
+* ``last_step``: the last progress line;
+* ``end``: the command has exited (the prompt is back).
+
+``training_seconds`` is the chief's (summary.json: from its first step's
+start to its last step's end). The overhead is ``end - training_seconds``;
+its parts are ``first_step`` and the tail, ``end - last_step`` (final
+checkpoint, evaluation, plots, stopping the tasks, the fetch; summary.json's
+``finish_s`` has the chief's share, where the chief writes it).
+
+With ``--before REV`` the same runs are made, round by round, with the
+revision REV of this repository too (``git archive`` into a temporary
+folder; or REV is a folder with a checkout): before and after measured
+under the same load. One warm-up run of
+each first (page cache), then ``--rounds`` runs, the median of each figure
+reported: on a shared machine single runs scatter by seconds. Targets on a
+2-core machine: first step within 6 s of the command, the prompt back
+within 3 s of the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST_STEP_TARGET = 6.0
+TAIL_TARGET = 3.0
+# A progress line per 10 steps: from a chief that does not say when its
+# first step is done, the first one comes with the first call's result.
+LOG_EVERY = 10
+KEYS = ("training_start", "first_step", "last_step", "end", "tail", "training_seconds", "overhead")
+
+
+def one_run(checkout: Path, steps: int, folder: Path) -> dict[str, Any]:
+    """One `deploy.py train` of ``checkout`` on a fresh local cluster."""
+    env = {
+        **os.environ,
+        "TFCLUSTER_HOME": str(folder / "home"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(checkout),
+        "COLUMNS": "200",
+    }
+    dest = folder / "results"
+    argv = [sys.executable, str(checkout / "deploy.py"), "train", "--model", "cnn", "--mode",
+            "async", "--steps", str(steps), "--dest", str(dest), "--", "--log-every",
+            str(LOG_EVERY)]  # fmt: skip
+    started = time.perf_counter()
+    said = first_progress = last_step = training_start = None
+    lines: list[str] = []
+    with subprocess.Popen(
+        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            now = time.perf_counter() - started
+            lines.append(line.rstrip())
+            text = line.strip()
+            if text.startswith("training ") and training_start is None:
+                training_start = now
+            if text.startswith("startup: first step") and said is None:
+                said = now
+            elif text.startswith("step "):
+                first_progress = first_progress if first_progress is not None else now
+                last_step = now
+        code = proc.wait()
+    end = time.perf_counter() - started
+    if code != 0 or last_step is None or first_progress is None or training_start is None:
+        raise SystemExit(f"deploy.py train failed (exit {code}):\n" + "\n".join(lines[-20:]))
+    (run_dir,) = dest.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    training = float(summary["training_seconds"])
+    return {
+        "training_start": training_start,
+        "first_step": said if said is not None else first_progress,
+        "last_step": last_step,
+        "end": end,
+        "tail": end - last_step,
+        "training_seconds": training,
+        "overhead": end - training,
+        "said_first_step": said is not None,
+        "startup_s": summary.get("startup_s"),
+        "finish_s": summary.get("finish_s"),
+    }
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in KEYS}
+    for part in ("startup_s", "finish_s"):
+        found = [r[part] for r in runs if isinstance(r[part], dict)]
+        if found:
+            out[part] = {k: statistics.median(p[k] for p in found if k in p) for k in found[0]}
+    out["said_first_step"] = all(r["said_first_step"] for r in runs)
+    out["rounds"] = {k: [round(r[k], 2) for r in runs] for k in KEYS}
+    return out
+
+
+def show(name: str, result: dict[str, Any]) -> None:
+    first = "command -> first step" if result["said_first_step"] else "command -> 1st progress"
+    rows = [
+        ("command -> training start", result["training_start"], "the chief's start line"),
+        (first, result["first_step"], f"target <= {FIRST_STEP_TARGET:.0f} s"),
+        ("last step -> prompt", result["tail"], f"target <= {TAIL_TARGET:.0f} s"),
+        ("command -> prompt", result["end"], ""),
+        ("training (chief)", result["training_seconds"], ""),
+        ("overhead", result["overhead"],
+         f"{result['end'] / result['training_seconds']:.1f}x the training time"),
+    ]  # fmt: skip
+    print(f"{name}:")
+    for label, seconds, note in rows:
+        print(f"  {label:<26}{seconds:6.1f} s   {note}")
+    for part in ("startup_s", "finish_s"):
+        if part in result:
+            text = ", ".join(f"{k} {v:.2f}" for k, v in result[part].items())
+            print(f"  {part} (summary.json): {text}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, choices=range(1, 11),
+                        metavar="N", help="runs measured (1-10); medians are reported")  # fmt: skip
+    parser.add_argument(
+        "--before", metavar="REV", help="also measure this git revision (or checkout folder)"
+    )
+    parser.add_argument("--json-only", action="store_true")
+    args = parser.parse_args()
+    if not os.environ.get("MNIST_DIR"):
+        print("set MNIST_DIR to a folder of the MNIST files", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-startup-") as tmp:
+        checkouts = {"now": REPO}
+        if args.before and Path(args.before).is_dir():  # a checkout of its own
+            checkouts = {"before": Path(args.before).resolve(), "now": REPO}
+        elif args.before:
+            old = Path(tmp) / "before"
+            old.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", args.before],
+                capture_output=True,
+                check=True,
+            )
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+            checkouts = {"before": old, "now": REPO}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
+        for i in range(args.rounds + 1):
+            for name, checkout in checkouts.items():
+                folder = Path(tmp) / f"{name}-{i}"
+                folder.mkdir()
+                result = one_run(checkout, args.steps, folder)
+                if i == 0:
+                    continue  # warm-up: page cache, the local cluster's folders
+                runs[name].append(result)
+                if not args.json_only:
+                    print(
+                        f"round {i} {name}: first step {result['first_step']:.1f} s, last "
+                        f"step {result['last_step']:.1f} s, end {result['end']:.1f} s, "
+                        f"training {result['training_seconds']:.1f} s",
+                        flush=True,
+                    )
+    results: dict[str, Any] = {name: medians(found) for name, found in runs.items()}
+    results.update(steps=args.steps, cpus=os.cpu_count(), load=os.getloadavg()[0])
+    if args.before:
+        results["before_rev"] = args.before
+    if not args.json_only:
+        print(
+            f"\nlocal cluster, ps + 2 workers + chief, cnn async, {args.steps} steps, medians "
+            f"of {args.rounds} runs ({os.cpu_count()} CPUs, load {results['load']:.1f} at the end)"
+        )
+        for name in checkouts:
+            show(f"{name} ({args.before})" if name == "before" else name, results[name])
+        if args.before:
+            before, now = results["before"], results["now"]
+            print(
+                f"after/before: training start "
+                f"{now['training_start'] / before['training_start']:.2f}x, "
+                f"first step {now['first_step'] / before['first_step']:.2f}x, "
+                f"tail {now['tail'] / before['tail']:.2f}x, "
+                f"overhead {now['overhead'] / before['overhead']:.2f}x"
+            )
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

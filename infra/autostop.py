@@ -1,0 +1,183 @@
+"""Autostop: a node that has run no job task for a while stops itself.
+
+The point of ``stop`` is money, and people forget it. With ``autostop: 30m``
+(cluster.yaml, ``up --autostop``, or ``deploy.py autostop`` on a running
+cluster) every node runs a small watcher (the bash loop of
+``commands.autostop_script``) that powers the guest off once no task of any
+job (train, run, exec) has run on it for that long. On GCE a guest shutdown
+leaves the instance TERMINATED: disks kept, no compute billed, and the node
+needs no cloud credentials to do it. Whether a provider's nodes can stop
+themselves is the provider's to say (``NodeProvider.self_stop``): existing
+machines (ssh) are not ours to power off, local processes cost nothing.
+
+Idle is decided on the node with the very liveness test the orchestrator
+uses (``commands.alive_pid``: pid file + start tick + TFCLUSTER_TASK), so
+the two never disagree: a job whose tasks still run is never stopped under
+it. A node without a task of the running job (the ps node of a sync job,
+the workers of a single-node one) is not needed by that job and may stop;
+``up``/``start`` bring it back.
+
+This module holds what is decidable here (durations, the cluster-wide
+summary of what the nodes report); the shell text is in
+``infra/commands.py``, its parser in ``infra/facts.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from infra import commands, facts
+from infra.errors import RemoteError
+from infra.transport import Transport
+
+# The watcher looks this often; a shorter autostop could not be kept to.
+CHECK_EVERY_S = 10
+MIN_AUTOSTOP_S = 30
+
+_PART = re.compile(r"(\d+)([smhd])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_OFF = ("off", "none", "false", "no")
+
+
+class DurationError(ValueError):
+    """Not a usable autostop duration; the message says what to write."""
+
+
+def parse_duration(value: object) -> int | None:
+    """Seconds of ``45s``, ``30m``, ``2h``, ``1h30m``; None for off
+    (``off``, YAML's false, null). Zero, negative, a bare number or
+    anything else is a ``DurationError``."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise DurationError(f"{str(value)[:40]!r} is not a duration; write e.g. 45s, 30m or 2h")
+    text = str(value).strip().lower()
+    if text in _OFF:
+        return None
+    if isinstance(value, int | float) or text.lstrip("-").replace(".", "", 1).isdigit():
+        if text.startswith("-") or float(text) <= 0:
+            raise DurationError(
+                f"{text[:40]!r}: autostop must be longer than 0; write e.g. 30m, or off"
+            )
+        raise DurationError(f"{text[:40]!r} has no unit; write e.g. {text[:20]}s or {text[:20]}m")
+    if text.startswith("-"):
+        raise DurationError(f"{text[:40]!r}: autostop must be longer than 0; write e.g. 30m")
+    if not text or _PART.sub("", text) != "":
+        raise DurationError(f"{text[:40]!r} is not a duration; write e.g. 45s, 30m or 2h")
+    seconds = sum(int(n) * _UNITS[unit] for n, unit in _PART.findall(text))
+    if seconds <= 0:
+        raise DurationError(
+            f"{text[:40]!r}: autostop must be longer than 0; write e.g. 30m, or off"
+        )
+    if seconds < MIN_AUTOSTOP_S:
+        raise DurationError(
+            f"{text[:40]!r} is too short: at least {MIN_AUTOSTOP_S}s "
+            f"(the watcher looks every {CHECK_EVERY_S} s)"
+        )
+    return seconds
+
+
+def format_duration(seconds: int | None) -> str:
+    """``30m``, ``1h30m``, ``45s``; ``off`` for None."""
+    if seconds is None:
+        return "off"
+    parts = []
+    for unit in ("d", "h", "m", "s"):
+        n, seconds = divmod(seconds, _UNITS[unit])
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts) or "0s"
+
+
+@dataclass(frozen=True)
+class ClusterIdle:
+    """What ``status`` says of autostop: the setting the nodes hold and how
+    long the cluster has been idle (its least idle node)."""
+
+    after_s: int | None  # None: off
+    idle_s: int | None  # None: no running node answered
+    busy: bool  # a task runs on some node now
+    installed: bool  # a watcher runs on every answering node
+
+    def text(self) -> str:
+        if self.after_s is None:
+            return "autostop: off"
+        line = f"autostop: {format_duration(self.after_s)}"
+        if self.busy:
+            return line + "; a job is running (not idle)"
+        if self.idle_s is None:
+            if not self.installed:
+                return line + "; no node running (`deploy.py start` brings them back)"
+            return line + "; idle time unknown (no running node answered)"
+        left = max(0, self.after_s - self.idle_s)
+        line += f"; idle {format_duration(self.idle_s)}, stops in about {format_duration(left)}"
+        if not self.installed:
+            line += " (watcher not running on every node: `deploy.py start` restarts it)"
+        return line
+
+
+def summarize(reports: Mapping[str, facts.AutostopFacts]) -> ClusterIdle | None:
+    """The cluster's autostop from each answering node's report; None when
+    no node has ever had a setting (autostop never used)."""
+    if not reports or all(r.after_s is None and not r.configured for r in reports.values()):
+        return None
+    settings = {r.after_s for r in reports.values()}
+    # The nodes hold one setting; should they disagree (a node that was
+    # stopped during `deploy.py autostop`), the soonest is what happens.
+    known = [s for s in settings if s is not None]
+    after = min(known) if known else None
+    return ClusterIdle(
+        after_s=after,
+        idle_s=min(r.idle_s for r in reports.values()),
+        busy=any(r.busy for r in reports.values()),
+        installed=all(r.watching for r in reports.values()),
+    )
+
+
+# -- on the nodes ------------------------------------------------------------------------
+
+
+def apply(
+    transport: Transport, names: Sequence[str], after_s: int | None, *, keep: bool = False
+) -> dict[str, facts.AutostopFacts]:
+    """Set autostop on these nodes (``keep``: leave the setting they hold)
+    and make sure each runs its watcher; what each then reports."""
+    scripts = {
+        n: commands.autostop_apply(
+            transport.layout(n), after_s, keep=keep, check_every=CHECK_EVERY_S
+        )
+        for n in names
+    }
+    results = transport.run_all(scripts, timeout=60)
+    out: dict[str, facts.AutostopFacts] = {}
+    problems = []
+    for node, result in results.items():
+        found = facts.parse_autostop(result.stdout)
+        if not result.ok or found is None:
+            problems.append(f"{node}: {result.tail() or 'no answer from the watcher'}")
+        else:
+            out[node] = found
+    if problems:
+        raise RemoteError("could not set autostop: " + "; ".join(sorted(problems)))
+    return out
+
+
+def report(transport: Transport, names: Sequence[str]) -> dict[str, facts.AutostopFacts]:
+    """What each node's watcher holds and sees; a node that does not answer
+    is left out (status must not fail for it)."""
+
+    def one(node: str) -> facts.AutostopFacts | None:
+        try:
+            result = transport.run(
+                node, commands.autostop_status(transport.layout(node)), timeout=20
+            )
+        except RemoteError:
+            return None
+        return facts.parse_autostop(result.stdout)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
+        found = dict(zip(names, pool.map(one, names), strict=True))
+    return {n: f for n, f in found.items() if f is not None}

@@ -1,0 +1,245 @@
+"""Looking into a running cluster by hand: its task logs (once or
+followed), TensorBoard on the chief's run folder, a login shell on one
+node, forgetting a node's pinned host key.
+
+A mixin of ``Cluster`` (infra/cluster.py): nothing here changes the nodes
+or a job, so none of it holds the cluster's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra import commands, facts
+from infra.cluster_base import ClusterBase
+from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
+from infra.fanout import in_threads
+from infra.job_spec import JobRecord, is_run_id
+from infra.lock import ClusterLock
+from infra.providers.base import Node, NodeState
+from infra.text import node_text
+from infra.transport import Transport
+
+if TYPE_CHECKING:
+    from infra.tensorboard import Board
+
+log = logging.getLogger("tfcluster")
+
+
+class ClusterAccess(ClusterBase):
+    # -- tensorboard ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def tensorboard(
+        self,
+        run_id: str | None = None,
+        *,
+        local_port: int = 0,
+        on_starting: Callable[[str], None] = lambda node: None,
+    ) -> Iterator[tuple[Board, Callable[[], None]]]:
+        """TensorBoard on the run folder of ``run_id`` (default: the last
+        job's) on the chief's node (infra/tensorboard.py), reachable here
+        while the ``with`` lasts: the Board (its ``url``) and a function
+        that returns only when TensorBoard has ended (RemoteError) or on
+        Ctrl-C (KeyboardInterrupt). Stopped on the node at the end.
+        ``on_starting(node)`` once the run and node are checked, before
+        TensorBoard's start (which takes a while)."""
+
+        record = self.last_job()
+        if run_id is None and record is None:
+            raise StateError(
+                f"no job has run on {self.config.name} yet: no run folder to show; "
+                "`deploy.py train` starts one"
+            )
+        if run_id is not None and not is_run_id(run_id):
+            raise ConfigError(
+                f"{run_id[:60]!r} is not a run id (lowercase letters, digits and '-'); "
+                "`deploy.py status` names the last job"
+            )
+        chief = record.chief_node if record is not None else self.config.roles.chief[0]
+        node = next(
+            (n for n in self.nodes() if n.name == chief and n.state is NodeState.RUNNING), None
+        )
+        if node is None:
+            raise StateError(
+                f"{chief}, the chief's node, is not running: the run folders are there; "
+                "`deploy.py start` (or up), or look at a fetched run locally"
+            )
+        # One TensorBoard per cluster at a time: a second `deploy.py
+        # tensorboard` would stop the first one's task (the same task name)
+        # under it, and leave its user a dead URL.
+        board_lock = ClusterLock(self.state.dir / "tensorboard.lock", self.config.name)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(board_lock.hold("tensorboard", wait=0))
+            except StateError:
+                holder = board_lock.holder()
+                raise StateError(
+                    f"TensorBoard is already open for {self.config.name}: "
+                    + (holder.describe() if holder else "another `deploy.py tensorboard`"),
+                    hint="use the URL it printed, or close it (Ctrl-C) first",
+                ) from None
+            with self._serve_board(node, record, run_id, local_port, on_starting) as served:
+                yield served
+
+    @contextlib.contextmanager
+    def _serve_board(
+        self,
+        node: Node,
+        record: JobRecord | None,
+        run_id: str | None,
+        local_port: int,
+        on_starting: Callable[[str], None],
+    ) -> Iterator[tuple[Board, Callable[[], None]]]:
+        from infra import tensorboard
+
+        with self.provider.transport([node]) as transport:
+            if run_id is None or (record is not None and run_id == record.run_id):
+                assert record is not None
+                logdir = record.output_dir
+            else:
+                logdir = f"{transport.layout(node.name).runs}/{run_id}"
+            on_starting(node.name)
+            with tensorboard.serve(transport, node.name, logdir, local_port) as board:
+                yield board, functools.partial(tensorboard.watch, transport, board)
+
+    # -- logs ---------------------------------------------------------------------
+
+    def log_nodes(self, node: str | None) -> list[Node]:
+        running = [n for n in self.nodes() if n.state is NodeState.RUNNING]
+        if node is not None:
+            if node not in self.config.nodes:
+                raise StateError(
+                    f"{node} is not a node of {self.config.name} ({', '.join(self.config.nodes)})"
+                )
+            running = [n for n in running if n.name == node]
+            if not running:
+                raise StateError(f"{node} is not running; `deploy.py status` shows the nodes")
+        return running
+
+    def logs(
+        self,
+        node: str | None,
+        *,
+        lines: int,
+        follow: bool,
+        on_line: Callable[[str, str, str], None],
+    ) -> None:
+        """Task logs of the running nodes; ``on_line(node, task, line)``.
+        Not silence where there is nothing to show: a StateError (one
+        line) when no node runs, and when no task log exists and no job
+        has run (a fresh cluster)."""
+        nodes = self.log_nodes(node)
+        if not nodes and self.last_job() is not None:
+            raise StateError(
+                f"no node of {self.config.name} is running: no logs to show "
+                "(`deploy.py status` shows the nodes)"
+            )
+        shown = 0
+
+        def counted(node_name: str, task: str, line: str) -> None:
+            nonlocal shown
+            shown += 1
+            on_line(node_name, task, line)
+
+        if nodes:
+            with self.provider.transport(nodes) as transport:
+                if not follow:
+                    for n in nodes:
+                        result = transport.run(
+                            n.name, commands.tail_logs(transport.layout(n.name), lines, False)
+                        )
+                        for task, line in facts.parse_tail(result.stdout):
+                            counted(n.name, task, line)
+                else:
+                    _follow_all(transport, [n.name for n in nodes], lines, counted)
+        if not shown and self.last_job() is None:
+            raise StateError(
+                f"no job has run on {self.config.name} yet: no logs to show; "
+                "`deploy.py train` or `deploy.py run` starts one"
+            )
+
+    # -- one node, by hand --------------------------------------------------------
+
+    def forget_host(self, node: str) -> None:
+        """Forget NODE's pinned SSH host key (after it was re-created on
+        purpose): the next connection pins the new one."""
+        from infra.hostkeys import forget_host
+
+        nodes = {n.name: n for n in self.nodes()}
+        if node not in nodes or not nodes[node].ssh_host:
+            raise ConfigError(f"{node} is not a node of {self.config.name} with an SSH address")
+        forget_host(self.state.known_hosts, nodes[node].ssh_host or "", nodes[node].ssh_port)
+
+    def shell(self, node: str) -> NodeShell:
+        """An interactive login shell on the running ``node``, until it
+        exits; a local node has none (it is a folder on this machine)."""
+        nodes = self.log_nodes(node)
+        with self.provider.transport(nodes) as transport:
+            code = transport.interactive(node)
+            if code is not None:
+                return NodeShell(node, exit_code=code)
+            folder = transport.local_folder(node)
+            if folder is None:
+                raise StateError(f"{node}: no shell can be opened on a {self.provider.kind} node")
+            return NodeShell(node, folder=folder)
+
+
+@dataclass(frozen=True)
+class NodeShell:
+    """What ``Cluster.shell`` did: a shell ran (its exit code), or the node
+    is the local ``folder`` (nothing was opened)."""
+
+    node: str
+    exit_code: int = 0
+    folder: Path | None = None
+
+
+def _follow_all(
+    transport: Transport,
+    nodes: Sequence[str],
+    lines: int,
+    on_line: Callable[[str, str, str], None],
+) -> None:
+    """Follow every node's logs at once until Ctrl-C. What a thread raises
+    is raised here: a changed host key (or a bug) at once; a node lost
+    otherwise is warned about while the others go on, and raised once
+    none is left."""
+    errors: dict[str, BaseException] = {}
+
+    def follow(node: str) -> None:
+        task = ""
+
+        def handle(line: str) -> None:
+            nonlocal task
+            header = facts.tail_header(line)
+            if header is not None:
+                task = header
+            elif line:
+                on_line(node, task, node_text(line))
+
+        try:
+            transport.stream(node, commands.tail_logs(transport.layout(node), lines, True), handle)
+        except BaseException as exc:  # raised in the caller's thread, below
+            errors[node] = exc
+            if isinstance(exc, RemoteError) and len(nodes) > 1:
+                log.warning("%s; following the other nodes", exc)
+
+    def fatal() -> BaseException | None:
+        # list(): a copy made at once, while other threads may still add.
+        for exc in list(errors.values()):
+            if isinstance(exc, HostKeyChanged) or not isinstance(exc, RemoteError):
+                return exc
+        return None
+
+    in_threads(follow, nodes, fatal)
+    if (exc := fatal()) is not None:
+        raise exc
+    if errors:
+        raise combine_errors({n: e for n in nodes if isinstance(e := errors.get(n), RemoteError)})

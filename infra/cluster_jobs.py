@@ -1,0 +1,433 @@
+"""The job side of ``Cluster``: the spec of a job (the built-in trainer or
+the user's program), its launch (sync, start every task, remember it), its
+end (watch, cancel, the exit code recorded), finding it again later
+(``running_job``, ``attach``, ``fetch``) and ``exec`` of a command on the
+nodes, which waits for a running job's files as a launch does.
+
+A mixin of ``Cluster`` (infra/cluster.py): callers call ``cluster.launch()``;
+infra/jobrun.py is a job's whole life as one call on top of these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+from infra import commands
+from infra.cluster_base import ClusterBase, locked
+from infra.config import check_env_name
+from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
+from infra.fanout import in_threads
+from infra.job import Job
+from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
+from infra.lifecycle import require_running
+from infra.progress import ProgressEvent, StartupClock
+from infra.providers.base import NodeState
+from infra.text import node_text
+from infra.tfconfig import TaskSpec, build_tasks
+from infra.transport import Transport
+
+if TYPE_CHECKING:
+    from infra.setup_report import SetupReport
+from trainer import catalog
+
+log = logging.getLogger("tfcluster")
+
+# The exit code recorded for a job stopped by `deploy.py cancel` (as a shell
+# records a process ended by SIGINT).
+CANCELLED = 130
+
+
+def _busy(record: JobRecord) -> StateError:
+    return StateError(
+        f"job {record.run_id} ({record.label}) is still running; it was left as it is",
+        hint="`deploy.py logs --follow` follows it, `deploy.py cancel` stops it; "
+        "`--detach` starts a job without waiting for it",
+    )
+
+
+class ClusterJobs(ClusterBase):
+    # -- jobs --------------------------------------------------------------------
+
+    def train_spec(self, *, resume: bool = False, **overrides: Any) -> JobSpec:
+        """The built-in trainer: cluster.yaml's job with command-line
+        overrides (None = keep)."""
+        job = self.config.job
+        values: dict[str, Any] = {
+            "model": job.model,
+            "mode": job.mode,
+            "steps": job.steps,
+            "batch_size": job.batch_size,
+            "checkpoint_every": job.checkpoint_every,
+            "learning_rate": job.learning_rate,
+            "data_dir": job.data_dir,
+            "extra_args": tuple(job.args),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        # The trainer's --epochs (after --) instead of a number of steps: the
+        # trainer takes one or the other, so job.steps is not passed then.
+        if any(a == "--epochs" or a.startswith("--epochs=") for a in values["extra_args"]):
+            if overrides.get("steps") is not None:
+                raise ConfigError("--steps and the trainer flag --epochs: give one of them")
+            values["steps"] = None
+        mode = catalog.mode(values["mode"])
+        roles = self.config.roles
+        if mode.needs_ps and not roles.ps:
+            raise StateError(f"{mode.name} mode needs a ps node: add roles.ps or use --mode sync")
+        if mode.needs_workers and not roles.worker:
+            raise StateError(f"{mode.name} mode needs worker nodes: add roles.worker")
+        run_id = new_run_id(f"{values['model']}-{values['mode']}")
+        if resume:
+            last = self.last_job()
+            if last is None:
+                raise StateError(
+                    "nothing to resume: no earlier job of this cluster is known; "
+                    "run `deploy.py train` first"
+                )
+            if (last.model, last.mode) != (values["model"], values["mode"]):
+                if last.model is None:
+                    raise StateError(
+                        f"the last job ({last.run_id}) was a program of yours, not a training "
+                        "of the built-in trainer; nothing to resume"
+                    )
+                raise StateError(
+                    f"the last job trained {last.model} in {last.mode} mode; resume it with "
+                    f"--model {last.model} --mode {last.mode}"
+                )
+            run_id = last.run_id
+        program = trainer_program(resume=resume, **values)
+        return JobSpec(
+            run_id=run_id,
+            program=program,
+            model=values["model"],
+            mode=values["mode"],
+            resume=resume,
+        )
+
+    def run_spec(
+        self, argv: Sequence[str], *, ps: bool = True, env: Mapping[str, str] | None = None
+    ) -> JobSpec:
+        """The user's own program: ``argv`` as one process per task (ps,
+        workers and the chief of cluster.yaml's roles; no ps with
+        ``ps=False``), in the working folder."""
+        if not argv:
+            raise ConfigError("no command to run: put it after --, e.g. -- python train.py")
+        variables = {**self.config.job.env, **(env or {})}
+        for name in variables:
+            if (problem := check_env_name(name)) is not None:
+                raise ConfigError(f"--env: {problem}")
+        roles = self.config.roles
+        task_types = ["chief"]
+        if roles.worker:
+            task_types.append("worker")
+        if ps and roles.ps:
+            task_types.append("ps")
+        program = Program(
+            argv=tuple(argv), task_types=tuple(task_types), env=tuple(sorted(variables.items()))
+        )
+        return JobSpec(run_id=new_run_id(program_name(argv)), program=program)
+
+    def job_nodes(self, task_types: Sequence[str]) -> list[str]:
+        """The nodes that run a task of these types, in cluster.yaml's order."""
+        wanted = {n for role in task_types for n in self.config.nodes_of(role)}
+        return [n for n in self.config.nodes if n in wanted]
+
+    def job_tasks(self, task_types: Sequence[str], names: Sequence[str]) -> list[TaskSpec]:
+        """The job's tasks on ``names`` (its nodes), each at its node's
+        internal address: the tasks reach each other on the cluster's
+        private network, never through the external IPs."""
+        addresses = {n: self.provider.internal_ip(n) or "" for n in names}
+        roles = {role: self.config.nodes_of(role) for role in ("ps", "worker", "chief")}
+        try:
+            return build_tasks(task_types, roles, addresses, self.provider.task_port)
+        except ValueError as exc:
+            raise ConfigError(f"roles: {exc}") from None
+
+    def workdir(self, override: Path | None = None) -> Path:
+        """The working folder (``--workdir``, else job.workdir); must exist."""
+        folder = (override or self.config.workdir()).expanduser().resolve()
+        if not folder.is_dir():
+            key = "--workdir" if override else "job.workdir"
+            raise ConfigError(f"{key}: {folder} is not a folder; give an existing folder")
+        return folder
+
+    def _job_transport(self, names: Sequence[str]) -> Transport:
+        """A transport to these nodes, which must run (a local cluster is
+        brought up on the spot: it costs nothing)."""
+        existing = self.nodes()
+        missing = [n for n in names if n not in {x.name for x in existing}]
+        if missing and self.provider.up_on_demand:
+            self.provider.create_nodes(missing)
+            existing = self.nodes()
+        require_running(self.provider, existing, names)
+        return self.provider.transport([n for n in existing if n.name in names])
+
+    @locked(lambda spec, **_: "train" if spec.program.builtin else "run")
+    def launch(
+        self,
+        spec: JobSpec,
+        *,
+        workdir: Path | None = None,
+        on_event: Callable[[ProgressEvent], None] = lambda e: None,
+        on_log: Callable[[str], None] = lambda line: None,
+        sync: bool = True,
+    ) -> Job:
+        """Refuse if a job is running (leaving it alone), sync the code (and
+        the working folder of a user's program), start every task and
+        remember the job. ``Job.watch`` then follows it to its end."""
+        clock = StartupClock(on_event, self.started)
+        if (running := self.running_job(finish=True)) is not None:
+            raise _busy(running)
+        program = spec.program
+        if program.in_workdir and workdir is None:
+            workdir = self.workdir()
+        names = self.job_nodes(program.task_types)
+        transport = self._job_transport(names)
+        self._autostop_touch(transport, names)
+        if sync and transport.copies_files:
+            from infra.setup import sync_nodes
+
+            self._wait_ssh(transport)
+            report = sync_nodes(
+                transport, self.config, workdir=workdir if program.in_workdir else None
+            )
+            _log_sync(report)
+            clock.mark("sync")
+        elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
+            log.warning(
+                "the local cluster runs this machine's Python; install requirements.txt "
+                "into it yourself"
+            )
+        tasks = self.job_tasks(program.task_types, names)
+        job = Job(
+            transport,
+            tasks,
+            spec,
+            env=self.provider.task_env(),
+            workdir=workdir,
+            on_event=on_event,
+            on_log=on_log,
+            clock=clock,
+        )
+        job.start()
+        self.remember(job)
+        return job
+
+    def watch(self, job: Job, dest: Path) -> int:
+        """Follow a launched job to its end and bring its run folder to
+        ``dest``; the chief's exit code (recorded, also when the fetch at
+        the end fails: the job itself ended as the chief did)."""
+        try:
+            return job.watch(dest)
+        finally:
+            self.remember(job, exit_code=job.exit_code if job.exit_code is not None else -1)
+
+    def fetch(self, dest: Path | None = None) -> tuple[JobRecord, Path]:
+        """Bring the last job's run folder home (default runs/<cluster>/<run
+        id>): the job and where it is now."""
+        record = self.last_job()
+        if record is None:
+            raise StateError("no job to fetch yet: run `deploy.py train` or `deploy.py run` first")
+        job = self.attach(record)
+        destination = self.local_run_dir(record.run_id, dest)
+        job.fetch(destination)
+        return record, destination
+
+    def running_job(self, *, finish: bool = False) -> JobRecord | None:
+        """The last job, if it still runs: its chief does (or, where the
+        chief cannot be seen, any of its tasks). A job ends with its chief:
+        with ``finish``, what a --detach job whose chief has ended left
+        running (its ps and workers: nobody watched it to stop them) is
+        stopped, and the chief's exit code recorded; otherwise the cluster
+        would stay busy with a job that is over."""
+        record = self.last_job()
+        if record is None or record.exit_code is not None:
+            return None
+        job = self.attach(record, require=False)
+        if job is None:
+            return None
+        states = job.status()
+        chief = states.get(job.chief.name)
+        alive = [t for t in job.tasks if (s := states.get(t.name)) is not None and s.alive]
+        if chief is None or chief.alive:
+            return record if alive else None
+        if finish:
+            if alive:
+                job.stop(alive)
+            self._record_end(record.run_id, chief.exit_code if chief.exit_code is not None else -1)
+        return None
+
+    def _record_end(self, run_id: str, code: int) -> None:
+        """The job's exit code, if it is still the last job and has none."""
+
+        def put(data: dict[str, Any]) -> None:
+            last = data.get("last_job")
+            if isinstance(last, dict) and (last.get("run_id"), last.get("exit_code")) == (
+                run_id,
+                None,
+            ):
+                last["exit_code"] = code
+
+        self.state.modify(put)
+
+    @locked("cancel")
+    def cancel(self) -> tuple[JobRecord, list[str]]:
+        """Stop every task of the running (or last) job on purpose."""
+        record = self.last_job()
+        if record is None:
+            raise StateError("no job to cancel: none of this cluster is known")
+        job = self.attach(record, require=False)
+        chief = None
+        # The chief's state is only a hint for the code recorded below; with a
+        # changed host key, stop() stops the other nodes' tasks first and
+        # then raises that very error.
+        if job is not None:
+            with contextlib.suppress(HostKeyChanged):
+                chief = job.status().get(job.chief.name)
+        stopped = job.stop() if job is not None else []
+        if record.exit_code is None:
+            # A chief that had ended by itself (a --detach job) keeps its own
+            # code; and a code its watcher wrote meanwhile is kept too.
+            code = CANCELLED
+            if chief is not None and not chief.alive and chief.exit_code is not None:
+                code = chief.exit_code
+            record.exit_code = code
+            self._record_end(record.run_id, code)
+        return record, stopped
+
+    def remember(self, job: Job, exit_code: int | None = None) -> None:
+        record = job.record()
+        record.exit_code = exit_code
+
+        def put(data: dict[str, Any]) -> None:
+            last = data.get("last_job")
+            # A job's end is written without the cluster lock (see lock()):
+            # by then a newer job may be the last one, and it stays so.
+            if exit_code is None or not last or last.get("run_id") == record.run_id:
+                data["last_job"] = record.__dict__
+
+        self.state.modify(put)
+
+    @overload
+    def attach(self, record: JobRecord) -> Job: ...
+    @overload
+    def attach(self, record: JobRecord, *, require: bool) -> Job | None: ...
+
+    def attach(self, record: JobRecord, *, require: bool = True) -> Job | None:
+        """The Job object of an earlier (maybe --detach'ed) job, to watch,
+        stop or fetch it. With ``require`` False: None when none of its
+        nodes runs, and only the running ones otherwise."""
+        existing = {n.name: n for n in self.nodes() if n.state is NodeState.RUNNING}
+        tasks = record.task_specs()
+        nodes = sorted({t.node for t in tasks})
+        if require:
+            require_running(self.provider, list(existing.values()), nodes)
+        else:
+            tasks = [t for t in tasks if t.node in existing]
+            nodes = [n for n in nodes if n in existing]
+            if not any(t.type == "chief" for t in tasks):
+                tasks += [t for t in record.task_specs() if t.type == "chief"]
+            if not nodes:
+                return None
+        transport = self.provider.transport([existing[n] for n in nodes])
+        spec = JobSpec(
+            run_id=record.run_id,
+            program=Program(argv=tuple(record.command), task_types=()),
+            model=record.model,
+            mode=record.mode,
+        )
+        job = Job(transport, tasks, spec)
+        job.output_dir = record.output_dir
+        return job
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        nodes: Sequence[str] | None,
+        *,
+        workdir: Path,
+        on_line: Callable[[str, str], None],
+    ) -> dict[str, int]:
+        """Run ``argv`` on these nodes (default: every running one) in the
+        working folder, all at once; ``on_line(node, line)`` for each line
+        of output. Returns each node's exit code. The folder is synced
+        first, unless a job is running (its files stay as they are)."""
+        if not argv:
+            raise ConfigError("no command to run: put it after --, e.g. -- nvidia-smi")
+        # The lock while the nodes are readied and the folder synced, as a
+        # launch holds it; not while the command runs (a long
+        # `exec -- nvidia-smi -l` must not keep `cancel` out).
+        with self.lock("exec"):
+            names = self._exec_nodes(nodes)
+            transport = self._job_transport(names)
+            if transport.copies_files:
+                from infra.setup import sync_nodes
+
+                self._wait_ssh(transport)
+                if self.running_job() is None:
+                    _log_sync(sync_nodes(transport, self.config, workdir=workdir))
+                else:
+                    log.warning("a job is running: the working folder is not synced for exec")
+        codes: dict[str, int] = {}
+        errors: dict[str, RemoteError] = {}
+
+        def one(node: str) -> None:
+            command = commands.in_workdir(
+                transport.layout(node), transport.workdir(node, workdir), argv
+            )
+            try:
+                codes[node] = transport.stream(
+                    node, command, lambda line: on_line(node, node_text(line))
+                )
+            except RemoteError as exc:
+                errors[node] = exc
+
+        with transport:
+            in_threads(one, names)
+        if errors:
+            # Every node ran it; a changed host key then keeps its type
+            # (exit 8: the first in the nodes' order), never one line of many.
+            raise combine_errors({n: errors[n] for n in names if n in errors})
+        return {n: codes[n] for n in names}
+
+    def _exec_nodes(self, nodes: Sequence[str] | None) -> list[str]:
+        """The nodes ``exec`` runs on: the ones named (each a node of the
+        config; the running ones are listed anyway, which refreshes the
+        cached addresses), else every running one."""
+        running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
+        if nodes:
+            if unknown := [n for n in nodes if n not in self.config.nodes]:
+                raise ConfigError(
+                    f"--node {unknown[0]}: not a node of {self.config.name} "
+                    f"({', '.join(self.config.nodes)})"
+                )
+            return list(dict.fromkeys(nodes))
+        names = [n for n in self.config.nodes if n in running]
+        if not names:
+            raise StateError(f"no node of {self.config.name} is running: run `deploy.py up`")
+        return names
+
+    def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
+        return (dest or Path("runs") / self.config.name) / run_id
+
+    def _autostop_touch(self, transport: Transport, names: Sequence[str]) -> None:
+        """A job being launched is activity: the nodes' idle clocks start
+        again before its (maybe long) sync, so that none stops meanwhile."""
+        if self.provider.self_stop() is not None or not self.state.get("autostop_used"):
+            return
+        self._wait_ssh(transport)
+        try:
+            transport.run_all({n: commands.autostop_touch(transport.layout(n)) for n in names})
+        except RemoteError as exc:
+            log.warning("could not restart the autostop clocks: %s", exc)
+
+
+def _log_sync(report: SetupReport) -> None:
+    """What the sync before a job or exec did, per node (``-v`` shows it):
+    files sent and deleted, and whether requirements.txt was installed.
+    Without it a minutes-long install of the user's requirements is silent."""
+    for line in report.lines():
+        log.info("sync %s", line)

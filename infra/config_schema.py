@@ -1,0 +1,516 @@
+"""cluster.yaml's schema: one pydantic model per section (``Roles``,
+``Ports``, ``GceConfig``, ``SshConfig``, ``HostConfig``, ``SetupConfig``,
+``JobConfig``) and ``ClusterConfig``, which holds them and checks what
+spans sections (roles against nodes, a mode against its roles).
+
+Every model is strict (``_Strict``): no unknown key, no lax type
+(``steps: "10"`` is refused, not read as 10), and each field's comment is
+its documentation. infra/config.py reads the file into them and turns a
+validation error into one line; callers import from there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import posixpath
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from trainer import catalog
+
+# GCE's rule for instance, firewall and label-value names (RFC 1035).
+_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+# The cluster name is embedded in other GCE names ("tfcluster-<name>-grpc"),
+# so it must leave room under GCE's 63-character limit.
+_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?\Z")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]\Z")
+
+ROLES = ("ps", "worker", "chief")
+# An environment variable name; those tfcluster sets for each task are reserved.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_ENV = ("TF_CONFIG", "PATH", "PYTHONPATH")
+RESERVED_ENV_PREFIX = "TFCLUSTER_"
+# A POSIX login name (useradd's limit is 32); it also lands in GCE's
+# ``ssh-keys`` metadata as ``user:key``, one per line, so no ':' or newline.
+_LOGIN = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}\Z")
+# setup.python: a command name or a path; no shell syntax, no option.
+_PROGRAM = re.compile(r"^[A-Za-z0-9_.+/-]{1,255}\Z")
+# One DNS label (an underscore is tolerated: /etc/hosts and docker names use it).
+_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
+
+
+def show(value: object, limit: int = 60) -> str:
+    """``value`` for an error line: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_address(value: str) -> str:
+    """A host name, an IPv4 address or an IPv6 address (brackets dropped)."""
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            raise ValueError(f"{show(value)} in brackets is not an IPv6 address") from None
+        return value
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.removesuffix(".").split(".")
+    if 0 < len(value) <= 253 and all(_LABEL.match(label) for label in labels):
+        return value
+    raise ValueError(
+        f"{show(value)} is not a host name or IP address (at most 253 characters; "
+        "an IPv6 address with a port goes in brackets: [2001:db8::1]:22)"
+    )
+
+
+def check_env_name(name: str) -> str | None:
+    """Why ``name`` cannot be set for a job's tasks; None if it can."""
+    if not _ENV_NAME.match(name):
+        return f"{name[:60]!r} is not a variable name (letters, digits and _, not first a digit)"
+    if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+        return f"{name} is set by tfcluster for every task; choose another name"
+    return None
+
+
+def _as_list(value: Any) -> Any:
+    """Roles accept one node or a list of nodes."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+NodeList = Annotated[list[str], BeforeValidator(_as_list)]
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo must never silently fall back to a
+    # default that provisions something else (and costs money).
+    # strict: `steps: true` is not 1, `steps: "10"` is not 10 (YAML has
+    # real numbers and booleans); no .inf or .nan where a number goes.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class Roles(_Strict):
+    """Which nodes run which TensorFlow tasks. Each: a node name or a list."""
+
+    ps: NodeList = ["pc-1"]  # parameter servers: hold the variables (async mode)
+    chief: NodeList = ["pc-1"]  # exactly one: runs the training program, writes results
+    worker: NodeList = ["pc-2", "pc-3", "pc-4"]  # compute the steps
+
+
+class Ports(_Strict):
+    """gRPC port of each task type. ps and chief share pc-1 by default, so
+    they must differ; the firewall opens exactly these between the nodes."""
+
+    ps: Port = 2222
+    worker: Port = 2223
+    chief: Port = 2224
+
+
+class Accelerator(_Strict):
+    """GPUs per node (GCE guestAccelerators)."""
+
+    type: str  # for example nvidia-tesla-t4, nvidia-l4
+    count: Annotated[int, Field(ge=1, le=8)] = 1
+
+
+class GceConfig(_Strict):
+    """Compute Engine settings (provider: gce)."""
+
+    # Project id; default: $GOOGLE_CLOUD_PROJECT, then the ADC project.
+    project: str | None = None
+    # Ordered: the first zone is preferred, the rest are tried on stockout or quota.
+    zones: list[str] = ["us-central1-a", "us-central1-b", "us-central1-f"]
+    # 2 vCPU / 8 GB: TensorFlow plus a ps or worker fit with room to spare.
+    machine_type: str = "e2-standard-2"
+    # A family resolves to the newest image of that family at create time.
+    image: str = "projects/debian-cloud/global/images/family/debian-12"
+    # Boot disk, GB; None = 20, or the image's own size when larger (a Deep
+    # Learning VM image is about 50 GB; GCE refuses a disk smaller than its image).
+    disk_gb: Annotated[int, Field(ge=10, le=65536)] | None = None
+    disk_type: str = "pd-balanced"
+    # Spot VMs: far cheaper, may be stopped by GCE at any time (`up` restarts them).
+    preemptible: bool = False
+    network: str = "default"
+    subnetwork: str | None = None
+    # Who may reach SSH (port 22). Narrow this to your own address/32.
+    ssh_source_ranges: list[str] = ["0.0.0.0/0"]
+    # Compute API endpoint; None = Google's. Emulators and tests set http://127.0.0.1:PORT.
+    api_endpoint: str | None = None
+    # "adc" (gcloud auth application-default login), "anonymous" (emulators only),
+    # or the path of a service-account JSON key file.
+    credentials: str = "adc"
+    accelerator: Accelerator | None = None
+    # Upper bound, seconds, on waiting for any one Compute operation.
+    operation_timeout: Annotated[float, Field(gt=0)] = 600.0
+    # Extra labels on every instance (cost attribution).
+    labels: dict[str, str] = {}
+    # Extra instance metadata (for example install-nvidia-driver: "True"); the
+    # keys tfcluster sets itself (ssh-keys, enable-oslogin, ...) are refused.
+    metadata: dict[str, str] = {}
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, zones: list[str]) -> list[str]:
+        if not zones:
+            raise ValueError("list at least one zone, for example [us-central1-a]")
+        for zone in zones:
+            if not _ZONE.match(zone):
+                raise ValueError(f"{show(zone)} is not a zone name; zones look like us-central1-a")
+        if len(set(zones)) != len(zones):
+            raise ValueError("a zone is listed twice")
+        return zones
+
+    @field_validator("ssh_source_ranges")
+    @classmethod
+    def _ranges(cls, ranges: list[str]) -> list[str]:
+        for cidr in ranges:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{show(cidr)} is not a CIDR range such as 203.0.113.7/32"
+                ) from None
+        return ranges
+
+    @field_validator("api_endpoint")
+    @classmethod
+    def _endpoint(cls, endpoint: str | None) -> str | None:
+        if endpoint is not None and not re.match(r"^https?://[^/]+", endpoint):
+            raise ValueError(f"{show(endpoint)} is not a URL such as http://127.0.0.1:8089")
+        return endpoint
+
+
+class SshConfig(_Strict):
+    """How tfcluster logs in to the nodes (providers gce and ssh)."""
+
+    # The login on the nodes: a POSIX user name (letters, digits, '.', '_', '-').
+    user: str = "tfcluster"
+    # Private key; None = a per-cluster ed25519 key that tfcluster creates (mode 0600).
+    key_file: str | None = None
+    port: Port | Literal[22] = 22
+    # Seconds for one TCP connect + handshake.
+    connect_timeout: Annotated[float, Field(gt=0)] = 10.0
+    # Seconds to keep retrying while a node is still booting (sshd not up yet).
+    boot_timeout: Annotated[float, Field(gt=0)] = 300.0
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, user: str) -> str:
+        if not _LOGIN.match(user):
+            raise ValueError(
+                f"{show(user)} is not a login name: 1-32 letters, digits, '.', '_' or '-', "
+                "starting with a letter or '_'"
+            )
+        return user
+
+
+class HostConfig(_Strict):
+    """One existing machine (provider: ssh)."""
+
+    address: str  # where this machine reaches it over SSH
+    port: Port | Literal[22] = 22
+    # Where the other nodes reach it (TF_CONFIG); default: address.
+    internal_address: str | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, address: str) -> str:
+        return check_address(address)
+
+    @field_validator("internal_address")
+    @classmethod
+    def _internal(cls, address: str | None) -> str | None:
+        return None if address is None else _task_host(check_address(address))
+
+    def task_host(self) -> str:
+        """The host part of this node's TF_CONFIG addresses (IPv6 in brackets)."""
+        return self.internal_address or _task_host(self.address)
+
+
+def _task_host(address: str) -> str:
+    # TF_CONFIG holds "host:port": an IPv6 address needs its brackets there.
+    return f"[{address}]" if ":" in address else address
+
+
+def _host(value: Any) -> Any:
+    """``pc-1: 10.0.0.5``, ``pc-1: 10.0.0.5:2201`` or ``[2001:db8::1]:2201``
+    as shorthand. More than one ':' outside brackets is ambiguous (host:port
+    or an IPv6 address?), so it is an error, as in URLs."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith("["):
+        match = re.fullmatch(r"\[([^\]]*)\](?::(\d{1,5}))?", value)
+        if match is None:
+            raise ValueError(f"{show(value)}: write an IPv6 address as [2001:db8::1]:22")
+        bracketed = {"address": f"[{match[1]}]"}
+        return bracketed if match[2] is None else {**bracketed, "port": int(match[2])}
+    if value.count(":") > 1:
+        raise ValueError(f"{show(value)}: put an IPv6 address in brackets: [2001:db8::1]:22")
+    host, sep, port = value.partition(":")
+    if not sep:
+        return {"address": value}
+    if not re.fullmatch(r"\d{1,5}", port):
+        raise ValueError(f"{show(value)}: the port after ':' must be a number")
+    return {"address": host, "port": int(port)}
+
+
+class SetupConfig(_Strict):
+    """What `up` installs and syncs on every node."""
+
+    # Where tfcluster keeps its venv, code and runs on a node: relative to
+    # the login's home, or absolute. "~/x" means the same as "x" (it is
+    # rewritten so); "..", "~user" and the home or / itself are refused.
+    remote_dir: str = "tfcluster"
+    # The interpreter that makes the node's venv: a command name or a path.
+    python: str = "python3"
+    # Pinned trainer dependencies installed into the node's venv.
+    requirements: str = "trainer/requirements.txt"
+    # A local folder of wheels uploaded once and installed with pip --no-index
+    # (clusters without internet). None = nodes install from PyPI.
+    wheelhouse: str | None = None
+    # Extra local paths (relative to this file) synced to every node beside trainer/.
+    sync: list[str] = []
+    # Shell commands run once per node after the install (idempotent by hash).
+    commands: list[str] = []
+
+    @field_validator("remote_dir")
+    @classmethod
+    def _remote_dir(cls, remote_dir: str) -> str:
+        # rsync's remote shell expands "~/" but tfcluster's quoted commands
+        # would not (they would make a folder named "~"): one meaning only.
+        # ("~//x" too is home/x for rsync, not /x.)
+        path = remote_dir[2:].lstrip("/") if remote_dir.startswith("~/") else remote_dir
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if (
+            not parts
+            or ".." in parts
+            or path.startswith("~")
+            or any(not c.isprintable() for c in path)
+        ):
+            raise ValueError(
+                f"{show(remote_dir)} is not a folder for tfcluster: give a folder relative "
+                "to the login's home (tfcluster) or an absolute one, without '..'"
+            )
+        return posixpath.normpath(path)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, python: str) -> str:
+        if not _PROGRAM.match(python) or python.startswith("-"):
+            raise ValueError(
+                f"{show(python)} is not a command name or path (such as python3.11 or "
+                "/usr/bin/python3)"
+            )
+        return python
+
+
+class JobConfig(_Strict):
+    """The jobs: what `train` runs (flags on the command line override), and
+    where and with what environment `run` and `exec` run the user's program."""
+
+    model: str = "cnn"  # one of trainer.catalog.MODELS
+    mode: str = "async"  # one of trainer.catalog.MODES
+    steps: Annotated[int, Field(ge=1)] = 600
+    batch_size: Annotated[int, Field(ge=1)] = 128
+    learning_rate: Annotated[float, Field(gt=0)] | None = None  # None = the model's default
+    checkpoint_every: Annotated[int, Field(ge=1)] = 100
+    # MNIST folder on the nodes; None = a synced data folder if any, else download.
+    data_dir: str | None = None
+    # Extra trainer flags, passed as they are (see `python -m trainer --help`).
+    args: list[str] = []
+    # `run`/`exec`: the working folder synced to the nodes, where the program
+    # runs; relative to this file's folder. None = this file's folder (the
+    # embedded default config: the current directory).
+    workdir: str | None = None
+    # `run`: environment variables for every task of the job.
+    env: dict[str, str] = {}
+    # `train`/`run` on preemptible nodes: how often a job whose node was
+    # preempted is restarted from its last checkpoint (infra/recovery.py).
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, model: str) -> str:
+        if model not in catalog.MODELS:
+            raise ValueError(
+                f"{show(model)} is not a model; choose one of {', '.join(catalog.MODELS)}"
+            )
+        return model
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, mode: str) -> str:
+        if mode not in catalog.MODES:
+            raise ValueError(
+                f"{show(mode)} is not a mode; choose one of {', '.join(catalog.MODE_NAMES)}"
+            )
+        return mode
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if (problem := check_env_name(name)) is not None:
+                raise ValueError(problem)
+        return env
+
+
+def _autostop(value: Any) -> int | None:
+    from infra.autostop import parse_duration
+
+    return parse_duration(value)
+
+
+def _provider(value: Any) -> str:
+    """A registered provider's name; refused with the words of a Literal,
+    which this field was before providers became plug-ins."""
+    from infra.providers import provider_names
+
+    names = provider_names()
+    if value not in names:
+        listed = [repr(n) for n in names]
+        expected = ", ".join(listed[:-1]) + " or " + listed[-1] if len(listed) > 1 else listed[0]
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": expected}
+        )
+    return str(value)
+
+
+class ClusterConfig(_Strict):
+    """A whole cluster.yaml."""
+
+    # Names the cluster in GCE labels, firewall rules and local state.
+    name: str
+    # One of infra/providers' registry (gce, ssh, local, and what a plug-in adds).
+    provider: Annotated[str, BeforeValidator(_provider)] = "local"
+    nodes: list[str] = ["pc-1", "pc-2", "pc-3", "pc-4"]
+    roles: Roles = Roles()
+    ports: Ports = Ports()
+    gce: GceConfig = GceConfig()
+    ssh: SshConfig = SshConfig()
+    # provider ssh: node -> address, "address:port" or {address, port, internal_address}.
+    hosts: dict[str, Annotated[HostConfig, BeforeValidator(_host)]] = {}
+    setup: SetupConfig = SetupConfig()
+    job: JobConfig = JobConfig()
+    # Stop every node once no job task has run for this long (45s, 30m, 2h;
+    # off by default): infra/autostop.py. Seconds once validated.
+    autostop: Annotated[int | None, BeforeValidator(_autostop)] = None
+    # Folder of this file; relative paths in it are resolved from here. Set by load_config.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _CLUSTER_NAME.match(name):
+            raise ValueError(
+                f"{show(name)} is not a usable cluster name: use 1-40 lowercase letters, digits "
+                "and '-', starting with a letter (GCE names it into labels and firewall rules)"
+            )
+        return name
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, nodes: list[str]) -> list[str]:
+        if not nodes:
+            raise ValueError("list at least one node, for example [pc-1, pc-2]")
+        for node in nodes:
+            if not _GCE_NAME.match(node):
+                raise ValueError(
+                    f"{show(node)} is not a valid node name: lowercase letters, digits and '-', "
+                    "starting with a letter, at most 63 characters"
+                )
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("a node is listed twice")
+        return nodes
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterConfig:
+        declared = set(self.nodes)
+        for role in ROLES:
+            members: list[str] = getattr(self.roles, role)
+            for node in members:
+                if node not in declared:
+                    raise _KeyedError(
+                        ("roles", role),
+                        f"{show(node)} is not one of the nodes ({', '.join(self.nodes)}); "
+                        "add it to 'nodes' or fix the name",
+                    )
+            if len(set(members)) != len(members):
+                raise _KeyedError(("roles", role), "a node is listed twice")
+        if len(self.roles.chief) != 1:
+            raise _KeyedError(("roles", "chief"), "name exactly one chief node")
+        if overlap := set(self.roles.ps) & set(self.roles.worker):
+            raise _KeyedError(
+                ("roles", "ps"),
+                f"{', '.join(sorted(overlap))} is both ps and worker; "
+                "a node serves one of the two (the ps would starve the worker)",
+            )
+        mode = catalog.mode(self.job.mode)
+        if mode.needs_ps and not self.roles.ps:
+            raise _KeyedError(
+                ("job", "mode"),
+                f"{mode.name} mode needs a ps node: add roles.ps or use mode sync",
+            )
+        if mode.needs_workers and not self.roles.worker:
+            raise _KeyedError(("roles", "worker"), f"mode {mode.name} needs worker nodes")
+        ports = self.ports
+        if len({ports.ps, ports.worker, ports.chief}) != 3:
+            raise _KeyedError(
+                ("ports",),
+                "ps, worker and chief need three different ports (they can share a node)",
+            )
+        # What the provider itself needs (ssh: an address for every node).
+        from infra.providers import provider_class
+
+        if problem := provider_class(self.provider).config_problem(self):
+            raise _KeyedError(*problem)
+        if unknown := sorted(set(self.hosts) - declared):
+            raise _KeyedError(("hosts",), f"{show(unknown[0])} is not one of the nodes")
+        return self
+
+    # -- derived views -------------------------------------------------------
+
+    def nodes_of(self, role: str) -> list[str]:
+        return list(getattr(self.roles, role))
+
+    def roles_of(self, node: str) -> list[str]:
+        return [role for role in ROLES if node in getattr(self.roles, role)]
+
+    def workdir(self) -> Path:
+        """job.workdir, resolved from this file's folder (default: that folder)."""
+        return self.resolve(self.job.workdir or ".")
+
+    def resolve(self, path: str) -> Path:
+        """A path from this file, relative to the file's folder."""
+        p = Path(os.path.expanduser(path))
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+
+class _KeyedError(ValueError):
+    """A cross-field error that knows which key it is about."""
+
+    def __init__(self, loc: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message

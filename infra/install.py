@@ -1,0 +1,249 @@
+"""Install: the Python environment a node runs the trainer with.
+
+**Idempotent**: a virtualenv at ``layout.python``'s venv with the pinned
+trainer requirements, python3-venv first if the image lacks it (a fresh
+Debian VM does: ``sudo apt-get``), then ``setup.commands``. What was
+installed is summed up in one fingerprint (``InstallPlan.fingerprint``: the
+requirements text, the Python, the wheelhouse listing, the commands and the
+GPU flag) that the install writes last, to ``<root>/venv/.tfcluster-install``;
+a later ``up`` whose fingerprint matches installs nothing. The node image's
+``BAKE_VENV=1`` build writes the same marker (``python -m infra.setup
+marker``), so fresh containers start with nothing to install.
+
+With ``setup.wheelhouse`` (a local folder of wheels) the folder is copied to
+``<root>/wheelhouse`` (incrementally) and pip installs with ``--no-index``:
+nodes need no PyPI. On GPU nodes the node gets ``tensorflow[and-cuda]`` of
+the pinned version instead of tensorflow-cpu (``gpu_requirements``).
+
+When the node's own Python (``setup.python``) already has the pinned
+TensorFlow (a Deep Learning VM image with TensorFlow), the venv is made with
+``--system-site-packages`` and the TensorFlow line is left out of the install
+(``InstallPlan.with_system_tf``): minutes saved per node.
+
+A working folder's own ``requirements.txt`` (``run``, ``exec``) goes into
+the same venv (``install_user_requirements``). The shell text is in
+``infra/setup_commands.py``, its parsers in ``infra/setup_facts.py``;
+which plan a config gets is decided in ``infra/setup.py`` (``install_plan``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from infra import commands
+from infra.config import ClusterConfig
+from infra.errors import ConfigError, RemoteError
+from infra.facts import parse_system_tensorflow
+from infra.setup_commands import FACT, install_command, user_requirements_command
+from infra.setup_facts import parse_install
+from infra.setup_report import NodeSetup, OnEvent
+from infra.sync import PROJECT_ROOT, SyncItem, sync_to_node
+from infra.transport import Transport
+
+log = logging.getLogger("tfcluster")
+
+# The default setup.requirements, and the exact versions it is installed with.
+DEFAULT_REQUIREMENTS = "trainer/requirements.txt"
+CONSTRAINTS = PROJECT_ROOT / "constraints.txt"
+MARKER_VERSION = "1"  # bump when the meaning of the fingerprint changes
+# A first install of TensorFlow from PyPI on a small VM takes minutes.
+INSTALL_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    """Everything that decides what a node's venv holds."""
+
+    requirements: str  # the requirements text installed (GPU swap applied)
+    python: str  # the interpreter that makes the venv (setup.python)
+    wheels: tuple[tuple[str, int], ...] | None  # wheelhouse listing (name, size); None = PyPI
+    commands: tuple[str, ...]  # setup.commands, run after pip
+    gpu: bool  # tensorflow[and-cuda] instead of tensorflow-cpu
+    wheelhouse: Path | None = field(default=None, compare=False)  # the local folder
+    # constraints.txt (pip -c) with the default requirements: every package
+    # of the venv, dependencies too, at the version CI tested.
+    constraints: str = ""
+    # The node image's own TensorFlow (a Deep Learning VM image) is the pinned
+    # version: the venv sees it (--system-site-packages) and pip skips it.
+    system_tf: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        """The install marker's content: equal fingerprints, equal venvs."""
+        data = {
+            "v": MARKER_VERSION,
+            "requirements": self.requirements,
+            "python": self.python,
+            "wheels": [list(w) for w in self.wheels] if self.wheels is not None else None,
+            "commands": list(self.commands),
+            "gpu": self.gpu,
+        }
+        if self.constraints:
+            data["constraints"] = self.constraints
+        if self.system_tf:  # only then: existing markers (BAKE_VENV images) stay valid
+            data["system_tf"] = True
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+    @property
+    def tensorflow(self) -> str | None:
+        """The pinned TensorFlow version of the requirements."""
+        match = _TF_LINE.search(self.requirements)
+        return match.group("version") if match else None
+
+    def with_system_tf(self) -> InstallPlan:
+        """This plan on a node whose own Python has the pinned TensorFlow:
+        the TensorFlow line goes (minutes of download and install saved)."""
+        return replace(self, requirements=_TF_LINE.sub("", self.requirements), system_tf=True)
+
+
+_TF_LINE = re.compile(
+    r"^\s*tensorflow(?:-cpu)?(?:\[[a-z-]+\])?\s*==\s*(?P<version>[0-9][^\s;#]*)[^\n]*\n?",
+    re.MULTILINE,
+)
+
+
+def gpu_requirements(text: str) -> str:
+    """``tensorflow-cpu==X`` -> ``tensorflow[and-cuda]==X`` (same version)."""
+    return re.sub(
+        r"^(\s*)tensorflow-cpu(\s*[=<>!~].*)?$",
+        lambda m: f"{m.group(1)}tensorflow[and-cuda]{m.group(2) or ''}",
+        text,
+        flags=re.MULTILINE,
+    )
+
+
+def requirements_file(config: ClusterConfig) -> Path:
+    """setup.requirements: from the config file's folder, else (the default
+    ``trainer/requirements.txt``) from this checkout, whose trainer is synced."""
+    name = config.setup.requirements
+    for candidate in (config.resolve(name), (PROJECT_ROOT / name).resolve()):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        f"setup.requirements: {name} not found (looked in {config.base_dir} and {PROJECT_ROOT})"
+    )
+
+
+def wheelhouse_listing(folder: Path) -> tuple[tuple[str, int], ...]:
+    """The wheels of a wheelhouse: (file name, size), sorted."""
+    return tuple(
+        sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.name.endswith(".whl"))
+    )
+
+
+# -- doing it ---------------------------------------------------------------------------
+
+
+def install_venv(
+    transport: Transport,
+    node: str,
+    config: ClusterConfig,
+    plan: InstallPlan,
+    report: NodeSetup,
+    *,
+    rsync: bool,
+    on_event: OnEvent,
+) -> InstallPlan:
+    """Install ``plan`` on ``node``, whose venv is not current: the
+    wheelhouse first (if any), then ``install_command``. Fills in
+    ``report``; returns the plan installed (the image's TensorFlow may
+    have replaced pip's)."""
+    layout = transport.layout(node)
+    plan = _image_tensorflow(transport, node, config, plan, report)
+    started = time.monotonic()
+    wheelhouse = _upload_wheelhouse(transport, node, plan, report, rsync=rsync, on_event=on_event)
+    on_event(node, "installing the trainer's requirements (first time: minutes)")
+    result = transport.run(
+        node, install_command(layout, plan, wheelhouse), timeout=INSTALL_TIMEOUT_S
+    )
+    facts = parse_install(result.stdout)
+    if not result.ok or not facts.done:
+        raise RemoteError(f"{node}: install failed: {result.tail(5)}")
+    if facts.gpu is False:
+        report.warnings.append(
+            "no working nvidia-smi: TensorFlow will not see the GPU until the "
+            "NVIDIA driver is installed (see infra/setup.py)"
+        )
+    report.install = "installed"
+    report.install_seconds = time.monotonic() - started
+    on_event(node, f"installed in {report.install_seconds:.0f} s")
+    return plan
+
+
+def _upload_wheelhouse(
+    transport: Transport,
+    node: str,
+    plan: InstallPlan,
+    report: NodeSetup,
+    *,
+    rsync: bool,
+    on_event: OnEvent,
+) -> str | None:
+    """The plan's wheelhouse into ``<root>/wheelhouse`` (incrementally);
+    its path on the node, or None when pip installs from PyPI."""
+    if plan.wheelhouse is None:
+        return None
+    on_event(node, f"uploading the wheelhouse ({len(plan.wheels or ())} wheels)")
+    remote = f"{transport.layout(node).root}/wheelhouse"
+    stats, _ = sync_to_node(
+        transport, node, [SyncItem(plan.wheelhouse, remote)], rsync=rsync, contents=True
+    )
+    report.wheelhouse_files = stats.files
+    return remote
+
+
+def _image_tensorflow(
+    transport: Transport, node: str, config: ClusterConfig, plan: InstallPlan,
+    report: NodeSetup,
+) -> InstallPlan:
+    """``plan``, or its variant using the node's own TensorFlow when the
+    image has exactly the pinned version (a Deep Learning VM image)."""
+    want = plan.tensorflow
+    if want is None:
+        return plan
+    result = transport.run(node, commands.system_tensorflow(config.setup.python), timeout=60)
+    have = parse_system_tensorflow(result.stdout) if result.ok else None
+    if have != want:
+        if have is not None:
+            log.info("%s: the image has TensorFlow %s, not %s: installing %s", node, have,
+                     want, want)
+        return plan
+    report.system_tf = have
+    return plan.with_system_tf()
+
+
+def install_user_requirements(
+    transport: Transport,
+    node: str,
+    config: ClusterConfig,
+    item: SyncItem,
+    on_event: OnEvent,
+) -> bool:
+    """The working folder's requirements.txt, if it sends one; whether
+    anything was installed."""
+    local = item.local / "requirements.txt"
+    if not local.is_file() or not item.keeps(f"{item.remote}/requirements.txt"):
+        return False
+    layout = transport.layout(node)
+    digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
+    wheelhouse = f"{layout.root}/wheelhouse" if config.setup.wheelhouse else None
+    command = user_requirements_command(
+        layout, f"{item.remote}/requirements.txt", digest, wheelhouse
+    )
+    result = transport.run(node, command, timeout=INSTALL_TIMEOUT_S)
+    if not result.ok:
+        raise RemoteError(
+            f"{node}: installing the working folder's requirements.txt failed: {result.tail(3)}"
+        )
+    installed = f"{FACT}requirements installed" in result.stdout
+    if installed:
+        on_event(node, "installed the working folder's requirements.txt")
+    return installed

@@ -1,0 +1,402 @@
+"""Creating, starting, stopping and deleting instances, and waiting for them.
+
+Creation places a batch of new nodes in one zone (TensorFlow's gRPC
+traffic between zones is slower and billed): first the zone the cluster's
+existing nodes are in, then ``gce.zones`` in order. When a zone is out of
+capacity or quota, what the batch created there is deleted and the whole
+batch moves to the next zone; when none can take it, ``CapacityError``
+lists every zone's reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+from infra.errors import CapacityError, ProviderError, StateError
+from infra.providers.base import NodeState
+from infra.providers.gce import checks
+from infra.providers.gce._google import api_exceptions, compute_v1
+from infra.providers.gce.api import _CALL_TIMEOUT_S, _last, _retried
+from infra.providers.gce.errors import (
+    _NOT_IN_ZONE,
+    _api_message,
+    _is_quota,
+    _OperationFailed,
+    _ZoneUnusable,
+)
+from infra.providers.gce.nodes import _STATES, _STOPPING_STATUSES, CLUSTER_LABEL, GceNodes
+from infra.providers.gce.parallel import _pause
+
+log = logging.getLogger("tfcluster")
+
+
+class GceInstances(GceNodes):
+    """Changes the cluster's instances, several at once."""
+
+    @_retried("create instance {name} in {zone}")
+    def _insert_instance(
+        self, zone: str, name: str, body: compute_v1.Instance
+    ) -> compute_v1.Operation:
+        return self.api.instances.insert_unary(
+            project=self.api.project,
+            zone=zone,
+            instance_resource=body,
+            retry=None,
+            timeout=_CALL_TIMEOUT_S,
+        )
+
+    @_retried("{action} instance {name} in {zone}")
+    def _instance_action(self, action: str, zone: str, name: str) -> compute_v1.Operation | None:
+        """start, stop, resume or delete; None when the instance is gone (404)."""
+        method = getattr(self.api.instances, f"{action}_unary")
+        try:
+            return cast(
+                "compute_v1.Operation",
+                method(
+                    project=self.api.project,
+                    zone=zone,
+                    instance=name,
+                    retry=None,
+                    timeout=_CALL_TIMEOUT_S,
+                ),
+            )
+        except api_exceptions.NotFound:
+            return None
+
+    def _nic(self, zone: str) -> compute_v1.NetworkInterface:
+        """The node's network interface, in gce.subnetwork when set."""
+        gce = self.gce
+        nic = compute_v1.NetworkInterface(
+            network=self._network(),
+            # An external address: this machine reaches sshd on it.
+            access_configs=[
+                compute_v1.AccessConfig(
+                    name="External NAT", type_="ONE_TO_ONE_NAT", network_tier="PREMIUM"
+                )
+            ],
+        )
+        if gce.subnetwork:
+            region = zone.rsplit("-", 1)[0]
+            nic.subnetwork = (
+                gce.subnetwork
+                if "/" in gce.subnetwork
+                else f"regions/{region}/subnetworks/{gce.subnetwork}"
+            )
+        return nic
+
+    def _instance_body(self, zone: str, name: str, public_key: str) -> compute_v1.Instance:
+        gce = self.gce
+        labels = self._labels(name)
+        nic = self._nic(zone)
+        scheduling = compute_v1.Scheduling()
+        if gce.preemptible:
+            scheduling.provisioning_model = "SPOT"
+            # STOP, not DELETE: a preempted node keeps its disk; `up` starts it again.
+            scheduling.instance_termination_action = "STOP"
+            scheduling.automatic_restart = False
+            scheduling.on_host_maintenance = "TERMINATE"
+        accelerators = []
+        if checks.builtin_gpus(gce.machine_type) is not None:
+            # A2/G2/A3: GPUs built in, and no live migration either.
+            scheduling.on_host_maintenance = "TERMINATE"
+        if gce.accelerator is not None:
+            accelerators = [
+                compute_v1.AcceleratorConfig(
+                    accelerator_type=(
+                        f"projects/{self.api.project}/zones/{zone}/acceleratorTypes/"
+                        f"{gce.accelerator.type}"
+                    ),
+                    accelerator_count=gce.accelerator.count,
+                )
+            ]
+            # GPUs cannot live-migrate: GCE refuses MIGRATE with accelerators.
+            scheduling.on_host_maintenance = "TERMINATE"
+        return compute_v1.Instance(
+            name=name,
+            description=f"tfcluster {self.config.name} node {name}",
+            machine_type=f"zones/{zone}/machineTypes/{gce.machine_type}",
+            labels=labels,
+            tags=compute_v1.Tags(items=[self.network_tag]),
+            metadata=compute_v1.Metadata(
+                items=[
+                    compute_v1.Items(key=k, value=v)
+                    for k, v in self._metadata_items(public_key).items()
+                ]
+            ),
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,  # `down` leaves no disk to pay for
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        source_image=gce.image,
+                        disk_size_gb=checks.disk_gb(gce, self._image_gb),
+                        disk_type=f"zones/{zone}/diskTypes/{gce.disk_type}",
+                        labels=labels,
+                    ),
+                )
+            ],
+            network_interfaces=[nic],
+            scheduling=scheduling,
+            guest_accelerators=accelerators,
+        )
+
+    def _zone_order(self, existing: Mapping[str, list[compute_v1.Instance]]) -> list[str]:
+        """gce.zones, those with most of the cluster's nodes first."""
+        counts = Counter(_last(i.zone) for found in existing.values() for i in found)
+        zones = list(self.gce.zones)
+        return sorted(zones, key=lambda z: (-counts.get(z, 0), zones.index(z)))
+
+    def create_nodes(self, names: Sequence[str]) -> None:
+        names = list(dict.fromkeys(names))
+        if not names:
+            return
+        _, public_key = self._key()
+        with self._api_errors(f"creating {', '.join(names)}"):
+            existing = self._instances()
+            present = [n for n in names if n in existing]
+            if present:
+                # Created meanwhile (another run, or an interrupted one): start, not re-create.
+                self._start_existing(present, existing)
+            missing = [n for n in names if n not in existing]
+            if missing:
+                self._create_in_one_zone(missing, public_key, existing)
+            self._wait_for(names, NodeState.RUNNING, "start")
+
+    def _create_in_one_zone(
+        self,
+        names: list[str],
+        public_key: str,
+        existing: Mapping[str, list[compute_v1.Instance]],
+    ) -> str:
+        zones = self._zone_order(existing)
+        reasons: dict[str, str] = {}
+        for index, zone in enumerate(zones):
+            log.info("creating %s in %s", ", ".join(names), zone)
+            _, errors = self._parallel(
+                functools.partial(self._create_one, zone, public_key=public_key), names
+            )
+            unusable = {n: e for n, e in errors.items() if isinstance(e, _ZoneUnusable)}
+            others = {n: e for n, e in errors.items() if n not in unusable}
+            if others:
+                self._raise_errors(others, f"creating nodes in {zone}")
+            if not unusable:
+                return zone
+            reasons[zone] = "; ".join(dict.fromkeys(str(e) for e in unusable.values()))
+            # The batch stays together: what this zone did create goes too.
+            self._delete_in_zone(zone, names)
+            if index + 1 < len(zones):
+                log.warning("zone %s: %s; trying zone %s", zone, reasons[zone], zones[index + 1])
+            else:
+                # The CapacityError below repeats every zone's reason.
+                log.info("zone %s: %s; no zone left to try", zone, reasons[zone])
+        raise CapacityError(
+            f"no zone could create {', '.join(names)}: "
+            + "; ".join(f"{zone}: {reason}" for zone, reason in reasons.items()),
+            hint="add zones (another region too) to gce.zones, choose another "
+            "gce.machine_type, or ask for more quota; nothing of this attempt was left running",
+        )
+
+    def _create_one(self, zone: str, name: str, *, public_key: str) -> None:
+        body = self._instance_body(zone, name, public_key)
+        try:
+            op = self._insert_instance(zone, name, body)
+        except api_exceptions.Conflict:
+            self._adopt(zone, name)
+            return
+        except api_exceptions.Forbidden as exc:
+            if _is_quota(exc):
+                raise _ZoneUnusable(f"QUOTA_EXCEEDED: {_api_message(exc)}") from exc
+            raise
+        except api_exceptions.NotFound as exc:
+            # The machine, disk or GPU type is not offered in this zone.
+            if f"zones/{zone}" in _api_message(exc):
+                raise _ZoneUnusable(f"not available: {_api_message(exc)}") from exc
+            raise
+        except api_exceptions.BadRequest as exc:
+            # GCE answers a machine or GPU type this zone does not offer with
+            # a 400 `invalid` (G2 is not in every zone): the next zone may.
+            if _NOT_IN_ZONE.search(_api_message(exc)):
+                raise _ZoneUnusable(f"not available: {_api_message(exc)}") from exc
+            raise
+        except api_exceptions.ServiceUnavailable as exc:
+            # Only a stockout 503 gets here (others are retried, then a ProviderError).
+            raise _ZoneUnusable(_api_message(exc)) from exc
+        try:
+            self._wait_operation(op, zone=zone, what=f"create {name} in {zone}")
+        except _OperationFailed as failed:
+            if failed.capacity:
+                raise _ZoneUnusable(failed.reason) from failed
+            raise
+
+    def _adopt(self, zone: str, name: str) -> None:
+        """An instance of this name exists in ``zone`` (409): ours if it has our
+        label (a retried insert that had gone through), else refuse."""
+        inst = self._get_instance(zone, name)
+        if inst is None:
+            raise ProviderError(f"{name} in {zone} was reported as existing, then vanished")
+        owner = inst.labels.get(CLUSTER_LABEL)
+        if owner != self.config.name:
+            raise ProviderError(
+                f"an instance named {name} already exists in {zone} and is not part of "
+                f"cluster {self.config.name} ({CLUSTER_LABEL}={owner or 'unset'})",
+                hint="rename the node in cluster.yaml, or delete that instance yourself",
+            )
+        if _STATES.get(inst.status) in (NodeState.STOPPED, NodeState.STOPPING):
+            self._start_one(zone, name)
+
+    def _delete_in_zone(self, zone: str, names: Sequence[str]) -> None:
+        """Delete the cluster's instances of ``names`` in ``zone`` (a failed
+        batch's successes and half-created leftovers)."""
+        leftovers = [i.name for i in self._list_zone(zone) if i.name in names]
+        if not leftovers:
+            return
+        log.info("deleting %s in %s", ", ".join(leftovers), zone)
+        _, errors = self._parallel(lambda n: self._delete_one(zone, n), leftovers)
+        self._raise_errors(
+            errors, f"deleting the half-created nodes in {zone} (run `deploy.py down`)"
+        )
+
+    def _start_existing(
+        self, names: Sequence[str], existing: Mapping[str, list[compute_v1.Instance]]
+    ) -> None:
+        def start(name: str) -> None:
+            inst = existing[name][0]
+            if _STATES.get(inst.status) in (NodeState.STOPPED, NodeState.STOPPING):
+                self._start_one(_last(inst.zone), name)
+
+        _, errors = self._parallel(start, list(names))
+        self._raise_errors(errors, "starting")
+
+    def _start_one(self, zone: str, name: str) -> None:
+        inst = self._get_instance(zone, name)
+        if inst is None:
+            raise ProviderError(f"{name} disappeared before it could be started")
+        if inst.status in _STOPPING_STATUSES:
+            # GCE refuses to start an instance that is still stopping.
+            inst = self._wait_instance(zone, name, {"TERMINATED", "STOPPED", "SUSPENDED"})
+        if _STATES.get(inst.status) is not NodeState.STOPPED:
+            return  # running or on its way
+        action = "resume" if inst.status == "SUSPENDED" else "start"
+        op = self._instance_action(action, zone, name)
+        if op is None:
+            raise ProviderError(f"{name} disappeared before it could be started")
+        try:
+            self._wait_operation(op, zone=zone, what=f"{action} {name} in {zone}")
+        except _OperationFailed as failed:
+            if failed.capacity:
+                # A stopped node's disk lives in its zone: no failover for a start.
+                raise CapacityError(
+                    f"zone {zone} cannot start {name} now ({failed.reason})",
+                    hint="try again later, or `deploy.py down` and `up` to create the "
+                    "cluster in another zone",
+                ) from failed
+            raise
+
+    def _wait_instance(self, zone: str, name: str, statuses: set[str]) -> compute_v1.Instance:
+        deadline = time.monotonic() + self.gce.operation_timeout
+        delays = self._poll_delays()
+        while True:
+            inst = self._get_instance(zone, name)
+            if inst is None:
+                raise ProviderError(f"{name} disappeared while waiting for it")
+            if inst.status in statuses:
+                return inst
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"{name} still {inst.status} after {self.gce.operation_timeout:g} s"
+                )
+            _pause(next(delays))
+
+    def start_nodes(self, names: Sequence[str]) -> None:
+        names = list(dict.fromkeys(names))
+        if not names:
+            return
+        _, public_key = self._key()
+        with self._api_errors(f"starting {', '.join(names)}"):
+            existing = self._instances()
+            missing = [n for n in names if n not in existing]
+            if missing:
+                raise StateError(f"{', '.join(missing)} does not exist; `deploy.py up` creates it")
+            # A node stopped since the key changed would refuse our login.
+            self._sync_nodes({n: existing[n] for n in names}, public_key)
+            self._start_existing(names, existing)
+            self._wait_for(names, NodeState.RUNNING, "start")
+
+    def stop_nodes(self, names: Sequence[str]) -> None:
+        names = list(dict.fromkeys(names))
+        with self._api_errors(f"stopping {', '.join(names)}"):
+            existing = self._instances()
+            targets = [
+                (_last(inst.zone), inst.name)
+                for name in names
+                for inst in existing.get(name, [])
+                if _STATES.get(inst.status) is not NodeState.STOPPED
+            ]
+
+            def stop(target: tuple[str, str]) -> None:
+                zone, name = target
+                op = self._instance_action("stop", zone, name)
+                if op is not None:  # None: deleted meanwhile, which is stopped enough
+                    self._wait_operation(op, zone=zone, what=f"stop {name} in {zone}")
+
+            _, errors = self._parallel(stop, targets)
+            self._raise_errors(errors, "stopping")
+
+    def terminate_nodes(self, names: Sequence[str]) -> None:
+        names = list(dict.fromkeys(names))
+        with self._api_errors(f"deleting {', '.join(names)}"):
+            existing = self._instances()
+            targets = [
+                (_last(inst.zone), inst.name) for name in names for inst in existing.get(name, [])
+            ]
+            _, errors = self._parallel(lambda t: self._delete_one(*t), targets)
+            self._raise_errors(errors, "deleting")
+
+    def _delete_one(self, zone: str, name: str) -> None:
+        op = self._instance_action("delete", zone, name)
+        if op is None:
+            return  # already gone
+        try:
+            self._wait_operation(op, zone=zone, what=f"delete {name} in {zone}")
+        except _OperationFailed as failed:
+            if "RESOURCE_NOT_FOUND" not in failed.codes:
+                raise
+
+    def _wait_for(self, names: Sequence[str], target: NodeState, what: str) -> None:
+        """Poll the listing until every named node is in ``target``."""
+        timeout = self.gce.operation_timeout
+        deadline = time.monotonic() + timeout
+        delays = self._poll_delays()
+        while True:
+            existing = self._instances()
+            missing = [n for n in names if n not in existing]
+            if missing:
+                raise ProviderError(
+                    f"{', '.join(missing)} disappeared while waiting for it to {what} "
+                    "(deleted by someone, or a failed create)",
+                    hint="run `deploy.py up` again",
+                )
+            status = {n: existing[n][0].status for n in names}
+            if target is NodeState.RUNNING:
+                stopped = [n for n in names if _STATES.get(status[n]) is NodeState.STOPPED]
+                if stopped:
+                    raise ProviderError(
+                        f"{', '.join(stopped)} stopped while starting (a Spot VM may have "
+                        "been preempted)",
+                        hint="run `deploy.py up` again",
+                    )
+            waiting = [n for n in names if _STATES.get(status[n]) is not target]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"not {target.value} after {timeout:g} s: "
+                    + ", ".join(f"{n} {status[n]}" for n in waiting),
+                    hint="`deploy.py status` shows them; run the command again",
+                )
+            _pause(next(delays))

@@ -1,0 +1,97 @@
+"""One batch of API work on many items at once, and its cancellation.
+
+Everything that touches several nodes runs them in parallel threads: four
+nodes take about as long as one. The threads are daemons and stop making
+calls once the main thread is interrupted (each checks the batch's cancel
+event before every call and every pause), so a Ctrl-C returns at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar, cast
+
+from infra.providers.gce.errors import _Cancelled
+
+# The client's HTTP session pools 10 connections per client: more threads
+# than that would open and throw away extra connections.
+_MAX_PARALLEL = 10
+
+_T = TypeVar("_T", bound=Hashable)
+_R = TypeVar("_R")
+
+# Worker threads of one ``parallel`` batch share its cancel event.
+_tls = threading.local()
+
+
+def _current_cancel() -> threading.Event | None:
+    return cast("threading.Event | None", getattr(_tls, "cancel", None))
+
+
+def _check_cancelled() -> None:
+    event = _current_cancel()
+    if event is not None and event.is_set():
+        raise _Cancelled
+
+
+def _pause(seconds: float) -> None:
+    """Sleep, but end at once (with _Cancelled) when the batch is cancelled."""
+    event = _current_cancel()
+    if event is None:
+        time.sleep(seconds)
+    elif event.wait(seconds):
+        raise _Cancelled
+
+
+def parallel(
+    fn: Callable[[_T], _R], items: Sequence[_T]
+) -> tuple[dict[_T, _R], dict[_T, BaseException]]:
+    """``fn`` on every item at once; (results, errors) by item.
+
+    Daemon threads: an interrupted main thread returns at once and the
+    process can exit; the batch's cancel event stops the workers from
+    making further calls (each checks it before every call and sleep)."""
+    results: dict[_T, _R] = {}
+    errors: dict[_T, BaseException] = {}
+    if not items:
+        return results, errors
+    cancel = _current_cancel() or threading.Event()
+    done: queue.Queue[tuple[_T, bool, Any]] = queue.Queue()
+    slots = threading.Semaphore(_MAX_PARALLEL)
+
+    def run(item: _T) -> None:
+        _tls.cancel = cancel
+        with slots:
+            try:
+                _check_cancelled()
+                done.put((item, True, fn(item)))
+            except BaseException as exc:  # handed to the caller, whatever it is
+                done.put((item, False, exc))
+
+    try:
+        # Starting the threads is inside the try: an interrupt that lands
+        # while the later ones start must still cancel the earlier ones.
+        for item in items:
+            threading.Thread(target=run, args=(item,), daemon=True, name=f"gce-{item}").start()
+        for _ in items:
+            while True:
+                # A timed wait: a SIGINT the kernel hands to another thread
+                # only sets Python's flag, which the main thread checks when
+                # it runs again; an untimed wait would sleep on until a
+                # worker finishes.
+                try:
+                    item, ok, value = done.get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    continue
+            if ok:
+                results[item] = value
+            else:
+                errors[item] = value
+    except BaseException:
+        cancel.set()
+        raise
+    return results, errors

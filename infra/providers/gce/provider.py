@@ -1,0 +1,109 @@
+"""``GceProvider``: the Compute Engine provider, composed of its parts.
+
+Each part is one idea (``api`` the clients, retries and operations;
+``nodes`` listing and keeping labels in sync; ``instances`` create with zone
+failover, start, stop, delete; ``firewall`` the rules; ``project`` the
+checks against the project; ``pricing`` the cost). This class adds what
+joins them: ``prepare`` (the rules and the nodes' key), how commands reach
+the nodes, and what the provider says of itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from infra.config import ClusterConfig
+from infra.errors import StateError
+from infra.providers.base import Node
+from infra.providers.gce import checks
+from infra.providers.gce.firewall import GceFirewall
+from infra.providers.gce.instances import GceInstances
+from infra.providers.gce.pricing import GcePricing
+from infra.providers.gce.project import GceProject
+from infra.state import ClusterState
+
+if TYPE_CHECKING:
+    from infra.transport import Transport
+
+log = logging.getLogger("tfcluster")
+
+
+class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
+    """Compute Engine instances labelled ``tfcluster-cluster=<name>``."""
+
+    kind = "gce"
+    # An external IP goes back to Google's pool on stop or delete.
+    ephemeral_addresses = True
+
+    def __init__(self, config: ClusterConfig, state: ClusterState) -> None:
+        super().__init__(config, state)
+        self._check_labels()
+
+    def prepare(self) -> None:
+        """The SSH key, the firewall rules, and the key and labels on any
+        existing node (a lost state folder means a new key: re-install it)."""
+        _, public_key = self._key()
+        if self._ssh_open_to_all():
+            log.warning(
+                "SSH to the nodes is open to the whole internet (gce.ssh_source_ranges: %s); "
+                "set it to your own address range",
+                ", ".join(self.gce.ssh_source_ranges),
+            )
+        rules = self._firewall_rules()
+        with self._api_errors("preparing the cluster"):
+            # What real GCE would refuse at insert, refused before any change.
+            self.check_config()
+            _, errors = self._parallel(lambda name: self._ensure_firewall(rules[name]), list(rules))
+            self._raise_errors(errors, "firewall rules")
+            if self.ssh_deny_rule not in rules:
+                # SSH is now open to all: a deny from an earlier `up` would block it.
+                op = self._delete_firewall(self.ssh_deny_rule)
+                if op is not None:
+                    self._wait_operation(op, zone=None, what=f"delete {self.ssh_deny_rule}")
+            self._sync_nodes(self._instances(), public_key)
+
+    def transport(self, nodes: Sequence[Node]) -> Transport:
+        # Imported here: the SSH stack is not needed to list or create nodes.
+        from infra.remote import SshTarget, SshTransport
+
+        key_file, _ = self._key()
+        unreachable = [n.name for n in nodes if not (n.ssh_host or n.external_ip)]
+        if unreachable:
+            raise StateError(
+                f"{', '.join(unreachable)} has no external IP (not running?); "
+                "run `deploy.py up` first"
+            )
+        targets = [
+            SshTarget(n.name, cast(str, n.ssh_host or n.external_ip), n.ssh_port) for n in nodes
+        ]
+        by_name = {n.name: n for n in nodes}
+        return SshTransport(
+            targets,
+            config=self.config,
+            state=self.state,
+            key_file=key_file,
+            host_keys=lambda name: self.host_keys(by_name[name]),
+            auth_hint=self._auth_hint,
+        )
+
+    def operation_timeout(self) -> float:
+        return self.gce.operation_timeout
+
+    @classmethod
+    def gpus_per_node(cls, config: ClusterConfig) -> int:
+        """gce.accelerator's, or those of a G2/A2/A3 machine type."""
+        found = checks.gpus(config.gce)
+        return found[1] if found else 0
+
+    def self_stop(self) -> str | None:
+        # A guest shutdown leaves the instance TERMINATED: disks kept, no
+        # compute billed, and the node needs no credentials to do it.
+        return None
+
+    def task_env(self) -> dict[str, str]:
+        # A node billed for GPUs must train on them: the trainer refuses to
+        # start (one line, exit 7) when TensorFlow sees none, instead of a
+        # silent CPU run on a GPU bill. A user's own program can read it too.
+        return {"TFCLUSTER_REQUIRE_GPU": "1"} if checks.gpus(self.gce) else {}

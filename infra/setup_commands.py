@@ -1,0 +1,276 @@
+"""Shell commands that install and sync a node: what ``up`` and ``train`` run there.
+
+Pure functions from a ``NodeLayout`` (and an install plan or sync items) to
+bash text, as ``infra/commands.py`` is for a job's tasks; what they print
+(``@tfcluster KEY VALUE`` fact lines, file listings, rsync's itemized
+changes) is parsed in ``infra/setup_facts.py``. Paths in manifests and
+archives are relative to the login's home (``_base``), or to ``/`` for an
+absolute ``setup.remote_dir``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra.commands import path as rpath
+from infra.transport import NodeLayout
+
+if TYPE_CHECKING:  # types only: both modules build on these commands
+    from infra.install import InstallPlan
+    from infra.sync import SyncItem
+
+MARKER = ".tfcluster-install"  # in the venv folder: goes when the venv goes
+# What starts every line the commands print for their parsers.
+FACT = "@tfcluster "
+# Never synced, never deleted on the node (Python writes its own there).
+EXCLUDES = ("__pycache__", "*.pyc", ".DS_Store")
+# rsync's line per item: what changed, its size, its name (``parse_rsync``).
+RSYNC_FORMAT = "%i %l %n"
+
+
+def _marker(layout: NodeLayout) -> str:
+    return f"{layout.root}/venv/{MARKER}"
+
+
+def probe_command(
+    layout: NodeLayout,
+    fingerprint: str,
+    items: Sequence[SyncItem] = (),
+    also: str | None = None,
+) -> str:
+    """Make the node's folders; report whether the install is current (its
+    marker is ``fingerprint``, or ``also``: the plan with the image's own
+    TensorFlow),
+    which tools the node has, and (the quick check) size and mtime of every
+    synced file there. Prints ``@tfcluster KEY VALUE`` lines, then the
+    listing as ``SIZE MTIME PATH`` lines."""
+    marker = rpath(_marker(layout))
+    lines = [
+        'export H="$PWD"',
+        f"mkdir -p {rpath(layout.root)} {rpath(layout.code)} "
+        + " ".join(rpath(i.remote) for i in items if i.filter is not None),
+        f'm="$(cat {marker} 2>/dev/null)"',
+        f'if [ -x {rpath(layout.python)} ] && {{ [ "$m" = {shlex.quote(fingerprint)} ]'
+        + (f' || [ "$m" = {shlex.quote(also)} ]' if also else "")
+        + f"; }}; then echo '{FACT}installed yes'; "
+        f"else echo '{FACT}installed no'; fi",
+        f"for t in rsync sha256sum tar sudo apt-get; do "
+        f'if command -v "$t" >/dev/null 2>&1; then echo "{FACT}tool $t yes"; '
+        f'else echo "{FACT}tool $t no"; fi; done',
+    ]
+    if items:
+        targets = " ".join(shlex.quote(rel_to_base(i.remote)) for i in items)
+        # GNU find; elsewhere the listing is just empty and the sync proper
+        # decides (rsync's own quick check, or the hash manifest).
+        lines += [
+            f"echo '{FACT}section files'",
+            f"(cd {_base(layout)} && find {targets} -name __pycache__ -prune -o -type f "
+            "! -name '*.pyc' -printf '%s %T@ %p\\n' 2>/dev/null) || true",
+        ]
+    return "\n".join(lines)
+
+
+def install_command(layout: NodeLayout, plan: InstallPlan, wheelhouse: str | None) -> str:
+    """The whole install as one bash script (``set -e``): python3-venv if
+    missing, the venv, pip, setup.commands, the marker last. Prints
+    ``@tfcluster`` fact lines (see ``parse_install``)."""
+    root = rpath(layout.root)
+    venv = rpath(f"{layout.root}/venv")
+    vpy = rpath(layout.python)
+    reqs = rpath(f"{layout.root}/requirements.txt")
+    cons = rpath(f"{layout.root}/constraints.txt")
+    py = shlex.quote(plan.python)
+    requirements = shlex.quote(plan.requirements.rstrip("\n"))
+    pip = f"{vpy} -m pip --disable-pip-version-check"
+    source = f"--no-index --find-links {rpath(wheelhouse)}" if wheelhouse else ""
+    # The package that must not sit beside the one we install: both ship
+    # the same `tensorflow` module.
+    other = "tensorflow-cpu" if plan.gpu else "tensorflow"
+    lines = [
+        "set -euo pipefail",
+        'export H="$PWD"',
+        f'say() {{ echo "{FACT}$*"; }}',
+        f"mkdir -p {root}",
+        # A half-done install must never look done: the marker goes first.
+        f"rm -f {rpath(_marker(layout))}",
+        f"if ! command -v {py} >/dev/null 2>&1; then",
+        f"  echo {shlex.quote(f'no {plan.python} on this node (setup.python)')} >&2; exit 20",
+        "fi",
+        *_venv_lines(plan, py, venv, vpy),
+        # One quoted word, not a heredoc: a requirements line equal to the
+        # heredoc's delimiter would end it and run the rest as commands.
+        f"printf '%s\\n' {requirements} > {reqs}",
+        f"printf '%s\\n' {shlex.quote(plan.constraints.rstrip(chr(10)))} > {cons}",
+        # (importlib.metadata answers in milliseconds; `pip show` takes a second)
+        *(
+            []
+            if plan.system_tf
+            else [
+                f"if {vpy} -c 'import importlib.metadata as m; m.version(\"{other}\")' "
+                f">/dev/null 2>&1; then {pip} uninstall -q -y {other}; fi"
+            ]
+        ),
+        f"{pip} install -q {source} -r {reqs} -c {cons}".replace("  ", " "),
+        "say pip installed",
+    ]
+    for index, command in enumerate(plan.commands, 1):
+        # Each in its own bash from the home folder: a `cd` in one does not
+        # move the next, and a failure stops the install (and is reported).
+        lines += [
+            f'(cd "$H" && bash -e -c {shlex.quote(command)}) || '
+            f'{{ echo "setup.commands[{index - 1}] failed: exit $?" >&2; exit 21; }}',
+            f"say command {index}",
+        ]
+    if plan.gpu:
+        lines.append(
+            "if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; "
+            "then say gpu yes; else say gpu no; fi"
+        )
+    lines += [
+        f"echo {shlex.quote(plan.fingerprint)} > {rpath(_marker(layout))}",
+        "say done",
+    ]
+    return "\n".join(lines)
+
+
+def _venv_lines(plan: InstallPlan, py: str, venv: str, vpy: str) -> list[str]:
+    """Make the venv unless it is there: with python3-venv from apt first
+    where the node's Python lacks ensurepip (a fresh Debian VM)."""
+    # The image's own TensorFlow: the venv must see the system site-packages
+    # (an older venv made without them is made again).
+    system = " --system-site-packages" if plan.system_tf else ""
+    stale = (
+        [
+            f"if ! grep -qs '^include-system-site-packages = true' {venv}/pyvenv.cfg; "
+            f"then rm -rf {venv}; fi"
+        ]
+        if plan.system_tf
+        else []
+    )
+    return [
+        *stale,
+        f"if [ ! -x {vpy} ]; then",
+        # Debian's python3 lacks ensurepip until python3-venv is installed.
+        f"  if ! {py} -c 'import ensurepip, venv' >/dev/null 2>&1; then",
+        "    say apt python3-venv",
+        '    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi',
+        # python3-venv, and pythonX.Y-venv for a setup.python like python3.11.
+        f"    v=$({py} -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])')",
+        '    pkgs="python3-venv python$v-venv"',
+        "    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
+        "    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        "-o Dpkg::Options::=--force-confold $pkgs >/dev/null",
+        "  fi",
+        f"  rm -rf {venv}",
+        # Debian's pip wheel, run from the zip, puts pip in a bare venv in
+        # half the time ensurepip takes (which also installs setuptools,
+        # not needed for wheels); ensurepip where that wheel is missing.
+        "  w=$(ls /usr/share/python-wheels/pip-*.whl 2>/dev/null | tail -n 1)",
+        '  if [ -n "$w" ]; then',
+        # --no-compile: pip's own modules compile as they are first imported.
+        f"    {py} -m venv{system} --without-pip {venv} && "
+        f'{vpy} "$w/pip" install -q --no-index --no-compile "$w"',
+        "  else",
+        f"    {py} -m venv{system} {venv}",
+        "  fi",
+        "  say venv created",
+        "fi",
+    ]
+
+
+def user_requirements_command(
+    layout: NodeLayout, requirements: str, digest: str, wheelhouse: str | None
+) -> str:
+    """Install the working folder's requirements.txt into the node's venv,
+    unless that very content was installed last (its hash is kept in the
+    venv folder: a new venv installs again). Prints ``@tfcluster requirements
+    installed`` or ``... current``."""
+    marker = rpath(f"{layout.root}/venv/.tfcluster-user-requirements")
+    links = f" --find-links {rpath(wheelhouse)}" if wheelhouse else ""
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f'if [ "$(cat {marker} 2>/dev/null)" = {shlex.quote(digest)} ]; then',
+            f"  echo '{FACT}requirements current'; exit 0",
+            "fi",
+            f"{rpath(layout.python)} -m pip --disable-pip-version-check install -q{links} "
+            f"-r {rpath(requirements)} || exit $?",
+            f"echo {shlex.quote(digest)} > {marker}",
+            f"echo '{FACT}requirements installed'",
+        ]
+    )
+
+
+def rsync_args(sources: Sequence[Path], dest: str, *, contents: bool) -> list[str]:
+    """rsync flags for ``sources`` into the node folder ``dest``. With
+    ``contents`` the one source folder's *contents* go into ``dest``."""
+    args = ["-a", "-z", "--delete", f"--out-format={RSYNC_FORMAT}"]
+    args += [f"--exclude={pattern}" for pattern in EXCLUDES]
+    # "--": a source path that starts with "-" is a path, never an option.
+    args.append("--")
+    if contents:
+        args.append(f"{sources[0]}/")
+    else:
+        args += [str(s) for s in sources]
+    return args
+
+
+def _base(layout: NodeLayout) -> str:
+    """The folder paths in manifests and archives are relative to."""
+    return "/" if layout.root.startswith("/") else '"$H"'
+
+
+def rel_to_base(remote: str) -> str:
+    """A remote path as manifests, archives and stale lists name it (from ``_base``)."""
+    return remote.lstrip("/")
+
+
+def compare_command(layout: NodeLayout, manifest_file: str, items: Sequence[SyncItem]) -> str:
+    """On the node: which manifest entries differ or are missing, and which
+    files exist under the synced paths (to find the stale ones)."""
+    targets = " ".join(shlex.quote(rel_to_base(i.remote)) for i in items)
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f"cd {_base(layout)}",
+            f"echo '{FACT}section changed'",
+            f"sha256sum -c --quiet {rpath(manifest_file)} 2>/dev/null | "
+            "sed -n 's/: FAILED.*$//p' || true",
+            f"echo '{FACT}section present'",
+            f"find {targets} -name __pycache__ -prune -o -type f ! -name '*.pyc' -print "
+            "2>/dev/null || true",
+            f"rm -f {rpath(manifest_file)}",
+        ]
+    )
+
+
+def apply_command(
+    layout: NodeLayout, archive: str | None, stale_list: str | None, dirs_list: str | None = None
+) -> str:
+    """Delete the stale files and the folders that leaves empty, then
+    unpack the archive of changed files. In that order: a file that became
+    a folder here (or a folder a file) cannot be unpacked over the old one."""
+    lines = ['export H="$PWD"', "set -e"]
+    if stale_list:
+        lines += [
+            f"(cd {_base(layout)} && xargs -0 -r rm -f -- < {rpath(stale_list)})",
+            f"rm -f {rpath(stale_list)}",
+        ]
+    if dirs_list:
+        # Deepest first; one still holding files (a node's own, in ignored
+        # places) stays, and is no reason to stop.
+        lines += [
+            f"(cd {_base(layout)} && xargs -0 -r rmdir --ignore-fail-on-non-empty -- "
+            f"< {rpath(dirs_list)}) 2>/dev/null || true",
+            f"rm -f {rpath(dirs_list)}",
+        ]
+    if archive:
+        lines += [
+            f"tar -xzf {rpath(archive)} -C {_base(layout)}",
+            f"rm -f {rpath(archive)}",
+        ]
+    lines.append(f"echo '{FACT}applied'")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""A stand-in for a user's program, without TensorFlow (starts in a blink).
+
+Every task records what it was started with (TF_CONFIG, TFCLUSTER_*, the
+working folder, the Python) in $TFCLUSTER_RUN_DIR/<task>.json. A ps or
+worker then listens on its TF_CONFIG port, as a tf.distribute.Server would,
+until it is stopped; the chief prints a line, waits CHIEF_SLEEP seconds and
+exits with CHIEF_CODE. FAIL_TASK=<task> makes that task fail at once.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+config = json.loads(os.environ["TF_CONFIG"])
+kind, index = config["task"]["type"], config["task"]["index"]
+task = os.environ["TFCLUSTER_TASK"]
+record = {
+    "tf_config": config,
+    "task": task,
+    "run_id": os.environ["TFCLUSTER_RUN_ID"],
+    "run_dir": os.environ["TFCLUSTER_RUN_DIR"],
+    "cwd": os.getcwd(),
+    "python": sys.executable,
+    "argv": sys.argv[1:],
+    "env": {k: v for k, v in os.environ.items() if k.startswith("USER_")},
+}
+with open(os.path.join(os.environ["TFCLUSTER_RUN_DIR"], f"{task}.json"), "w") as f:
+    json.dump(record, f)
+print(f"{task} started", flush=True)
+
+if os.environ.get("FAIL_TASK") == task:
+    print(f"{task} fails on purpose", file=sys.stderr, flush=True)
+    sys.exit(int(os.environ.get("FAIL_CODE", "3")))
+if kind != "chief":
+    port = int(config["cluster"][kind][index].rsplit(":", 1)[1])
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    time.sleep(3600)
+time.sleep(float(os.environ.get("CHIEF_SLEEP", "0")))
+print("chief says goodbye", flush=True)
+sys.exit(int(os.environ.get("CHIEF_CODE", "0")))

@@ -1,0 +1,177 @@
+"""docs/architecture.md stays true: every repo path it names exists, and
+the import rules it states hold (each module's imports read with ``ast``,
+nothing imported: fast, no TensorFlow).
+
+When a rule fails, move the code rather than the rule: the rules are what
+keep the local cluster free of Google's client, the CLI replaceable, and the
+nodes' copy of ``trainer/`` complete on its own."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "architecture.md"
+
+# What infra imports from the trainer: its catalog, its progress protocol
+# and (infra/sweep.py, for the names of swept flags) its argparse flags.
+# All three are plain Python; test_infra_reads_no_tensorflow_through_the_trainer
+# keeps them so.
+INFRA_MAY_IMPORT_FROM_TRAINER = {"trainer.catalog", "trainer.progress", "trainer.flags"}
+TENSORFLOW = ("tensorflow", "keras")
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted(p for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(name: str) -> bool:
+    base = REPO.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it (a function's lazy
+    import counts too): ``from a import b`` is ``a.b`` where ``b`` is a
+    module of this repository, else ``a``."""
+    found: set[str] = set()
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if _is_module(full) else base)
+    return found
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(folder: str, bad: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in _modules(folder)
+        for name in sorted(imports(path))
+        if any(_under(name, b) for b in bad)
+    ]
+
+
+# -- the paths the document names ---------------------------------------------
+
+
+def doc_paths() -> Iterator[str]:
+    """Spans in backticks that look like a path of this repository: no
+    spaces or placeholders (``trainer/models/<name>.py``), and a "/" or a
+    ".py" ending. Code blocks are sketches, not checked."""
+    text = re.sub(r"^```.*?^```", "", DOC.read_text(encoding="utf-8"), flags=re.S | re.M)
+    for span in re.findall(r"`([^`\n]+)`", text):
+        looks_like_path = "/" in span or span.endswith(".py")
+        if re.fullmatch(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-/]*", span) and looks_like_path:
+            yield span.rstrip("/")
+
+
+def test_the_document_names_paths_at_all() -> None:
+    assert len(set(doc_paths())) > 30
+
+
+@pytest.mark.parametrize("path", sorted(set(doc_paths())))
+def test_every_path_in_the_document_exists(path: str) -> None:
+    assert (REPO / path).exists(), f"docs/architecture.md names `{path}`, which does not exist"
+
+
+def test_the_readme_links_the_document() -> None:
+    assert "(docs/architecture.md)" in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+# -- the import rules -----------------------------------------------------------
+
+
+def test_infra_and_trainer_never_import_click() -> None:
+    assert violations("infra", ("click",)) == []
+    assert violations("trainer", ("click",)) == []
+
+
+def test_infra_never_imports_tensorflow() -> None:
+    assert violations("infra", TENSORFLOW) == []
+
+
+def test_only_the_gce_package_imports_google() -> None:
+    # The product: the library, the trainer, the CLI and the examples.
+    # (Tests drive the real client, and bench/up.py loads it before timing.)
+    gce = REPO / "infra" / "providers" / "gce"
+    found = [
+        v
+        for folder in ("infra", "trainer", "examples")
+        for v in violations(folder, ("google",))
+        if not (REPO / v.split(" ")[0]).is_relative_to(gce)
+    ]
+    found += [f"deploy.py imports {n}" for n in imports(REPO / "deploy.py") if _under(n, "google")]
+    assert found == []
+
+
+def test_infra_imports_from_the_trainer_only_what_it_may() -> None:
+    found = {
+        name for path in _modules("infra") for name in imports(path) if _under(name, "trainer")
+    }
+    # `from trainer import catalog` is trainer.catalog; a bare `trainer` would
+    # be the package itself, which the rule does not allow either.
+    assert found <= INFRA_MAY_IMPORT_FROM_TRAINER, found - INFRA_MAY_IMPORT_FROM_TRAINER
+
+
+def test_infra_reads_no_tensorflow_through_the_trainer() -> None:
+    """What infra may import from the trainer imports, through the trainer's
+    own modules, nothing of TensorFlow's."""
+    seen: set[str] = set()
+    todo = list(INFRA_MAY_IMPORT_FROM_TRAINER)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        base = REPO.joinpath(*name.split("."))
+        path = (
+            base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        )
+        for imported in imports(path):
+            assert not any(_under(imported, t) for t in TENSORFLOW), f"{name} imports {imported}"
+            if _under(imported, "trainer"):
+                todo.append(imported)
+
+
+def test_the_trainer_never_imports_infra() -> None:
+    """Only trainer/ is synced to the nodes (infra/sync.py's CODE_PATHS)."""
+    assert violations("trainer", ("infra", "deploy")) == []
+
+
+def test_benchmarks_never_import_tests() -> None:
+    assert violations("bench", ("tests",)) == []
+
+
+def test_the_import_reader_sees_lazy_and_submodule_imports() -> None:
+    """The rules above are only as good as ``imports``."""
+    here = REPO / "infra" / "providers" / "gce" / "provider.py"
+    names = imports(here)
+    assert "infra.remote" in names  # imported inside a method
+    assert "infra.providers.gce.checks" in names  # `from infra.providers.gce import checks`
+    assert "trainer.catalog" in imports(REPO / "infra" / "config_schema.py")

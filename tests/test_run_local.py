@@ -1,0 +1,300 @@
+"""`deploy.py run`, `exec` and `cancel` with the user's own programs, on the
+local cluster: the two example programs (real TensorFlow), and a stand-in
+program without TensorFlow for the contract (TF_CONFIG, TFCLUSTER_*, the
+working folder, exit codes, detach, a busy cluster, Ctrl-C). After every
+test, no process of the job is left."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from deploy import cli
+from infra.cluster import Cluster
+from infra.config import default_config
+from infra.errors import JobFailed
+from infra.progress import ProgressEvent
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "own-program"
+STAND_IN = REPO / "tests" / "programs" / "stand_in.py"
+
+
+def deploy(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def processes_in(folder: Path) -> list[int]:
+    """Pids of the processes whose working folder is in ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        if cwd == folder or folder in cwd.parents:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """The user's working folder (a space in its name, as users have), with
+    the example programs and the stand-in. Afterwards, nothing runs in it."""
+    folder = tmp_path / "my project"
+    shutil.copytree(EXAMPLES, folder)
+    shutil.copy(STAND_IN, folder / "stand_in.py")
+    yield folder
+    deadline = time.monotonic() + 15
+    while (left := processes_in(folder)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the job still running: {left}"
+
+
+def result(dest: Path) -> dict:  # type: ignore[type-arg]
+    (run_dir,) = list(dest.iterdir())
+    return json.loads((run_dir / "result.json").read_text())
+
+
+# -- the example programs: real TensorFlow -------------------------------------------
+
+
+def test_parameter_server_example(workdir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "results"
+    code, out = deploy(
+        "run", "--workdir", str(workdir), "--dest", str(dest),
+        "--", "python", "ps_program.py", "--steps", "200",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "ps-0@pc-1" in out and "worker-1@pc-3" in out and "chief-0@pc-1" in out
+    got = result(dest)
+    assert got["cluster"] == {"chief": 1, "ps": 1, "worker": 2}
+    assert got["steps"] == 200
+    # It fits y = 3x + 2: the variables on the ps reached those values.
+    assert abs(got["w"] - 3.0) < 0.1 and abs(got["b"] - 2.0) < 0.1, got
+    assert "after 200 steps" in out  # the chief's own output is shown
+
+
+def test_collective_example_without_ps(workdir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "results"
+    code, out = deploy(
+        "run", "--no-ps", "--workdir", str(workdir), "--dest", str(dest),
+        "--", "python", "collective_program.py", "--steps", "60",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "ps-0" not in out
+    got = result(dest)
+    assert got["cluster"] == {"chief": 1, "worker": 2}  # no ps task in TF_CONFIG
+    assert got["replicas"] == 3 and got["steps"] == 60
+    assert got["accuracy"] > 0.9, got
+
+
+# -- the contract, with a stand-in program ---------------------------------------------
+
+
+def test_each_task_gets_tf_config_its_folder_env_and_python(
+    workdir: Path, tmp_path: Path, tfcluster_home: Path
+) -> None:
+    """cluster.yaml's job.workdir (relative to the file) and job.env, and
+    --env on top; values arrive literally."""
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "name: mine\nprovider: local\nnodes: [pc-1, pc-2, pc-3]\n"
+        "roles: {ps: pc-1, chief: pc-1, worker: [pc-2, pc-3]}\n"
+        "job:\n  workdir: my project\n"
+        "  env: {USER_FROM_YAML: yaml, USER_BOTH: yaml}\n"
+    )
+    dest = tmp_path / "results"
+    hostile = "$(touch pwned) `id` ; [red]x[/] 'q'"
+    code, out = deploy(
+        "--config", str(config), "run", "--dest", str(dest),
+        "--env", f"USER_HOSTILE={hostile}", "--env", "USER_BOTH=flag",
+        "--", "python", "stand_in.py", "a b", "--flag=$HOME",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "chief says goodbye" in out
+    (run_dir,) = list(dest.iterdir())
+    chief = json.loads((run_dir / "chief-0.json").read_text())
+    assert chief["task"] == "chief-0" and chief["run_id"] == run_dir.name
+    assert chief["tf_config"]["task"] == {"type": "chief", "index": 0}
+    cluster = chief["tf_config"]["cluster"]
+    assert sorted(cluster) == ["chief", "ps", "worker"]
+    assert len(cluster["ps"]) == 1 and len(cluster["worker"]) == 2
+    assert chief["cwd"] == str(workdir)
+    assert chief["argv"] == ["a b", "--flag=$HOME"]
+    assert chief["env"] == {"USER_FROM_YAML": "yaml", "USER_BOTH": "flag", "USER_HOSTILE": hostile}
+    # `python` is the environment that has TensorFlow (this venv here).
+    assert Path(chief["python"]).parent == Path(sys.executable).parent
+    assert not list(tmp_path.rglob("pwned"))
+    # Every other task got its own TF_CONFIG and run folder on its node.
+    node_runs = tfcluster_home / "clusters" / "mine" / "nodes"
+    worker = json.loads((node_runs / "pc-3" / "tfcluster" / "runs" / run_dir.name / "worker-1.json").read_text())
+    assert worker["tf_config"]["task"] == {"type": "worker", "index": 1}
+    assert worker["tf_config"]["cluster"] == cluster
+    assert worker["run_dir"].endswith(f"/runs/{run_dir.name}")
+
+    # status and fetch know the job.
+    code, out = deploy("--config", str(config), "status")
+    assert code == 0 and f"last job: {run_dir.name}: python stand_in.py" in out
+    again = tmp_path / "again"
+    code, out = deploy("--config", str(config), "fetch", "--dest", str(again))
+    assert code == 0, out
+    assert (again / run_dir.name / "chief-0.json").exists()
+
+
+def test_the_chiefs_exit_code_comes_back_with_its_last_lines(workdir: Path) -> None:
+    code, out = deploy(
+        "run", "--workdir", str(workdir), "--env", "CHIEF_CODE=5", "--", "python", "stand_in.py"
+    )
+    assert code == 5, out
+    assert "error: the chief exited with code 5" in out
+    assert "pc-1/chief-0 | chief-0 started" in out  # the failing task's log
+
+
+def test_a_task_that_dies_at_start_fails_the_job_at_once(workdir: Path) -> None:
+    began = time.monotonic()
+    code, out = deploy(
+        "run", "--workdir", str(workdir), "--env", "FAIL_TASK=worker-1", "--env", "FAIL_CODE=4",
+        "--", "python", "stand_in.py",
+    )  # fmt: skip
+    assert code == 4, out
+    assert "worker-1 on pc-3 exited before it listened on its port (exit code 4)" in out
+    assert "pc-3/worker-1 | worker-1 fails on purpose" in out
+    assert "ps-0" not in out.split("error:")[1]  # only the dead task is blamed
+    assert time.monotonic() - began < 60  # not the readiness timeout
+
+
+def test_a_chief_started_with_its_tasks_is_stopped_when_one_dies(workdir: Path) -> None:
+    """A chief that waits for the others' ports itself (the built-in async
+    trainer's) starts with them; a task that dies before it listens still
+    fails the job at once, and the chief, started already, is stopped (the
+    fixture finds no process left)."""
+    cluster = Cluster(default_config())
+    spec = cluster.run_spec(
+        ["python", "stand_in.py"],
+        env={"FAIL_TASK": "worker-1", "FAIL_CODE": "4", "CHIEF_SLEEP": "600"},
+    )
+    spec = dataclasses.replace(spec, program=dataclasses.replace(spec.program, chief_waits=True))
+    seen: list[ProgressEvent] = []
+    with pytest.raises(JobFailed, match="worker-1 on pc-3 exited before it listened") as failed:
+        cluster.launch(spec, workdir=workdir, on_event=seen.append)
+    assert failed.value.exit_code == 4
+    assert any("pc-3/worker-1 | worker-1 fails on purpose" in x for x in failed.value.details)
+    # The chief was started with the others, before the wait (one after it
+    # would never have started).
+    assert [e.get("stage") for e in seen if e.kind == "startup"] == ["start_tasks"]
+    logs = cluster.state.dir / "nodes" / "pc-1" / "tfcluster" / "logs"
+    assert "chief-0 started" in (logs / "chief-0.log").read_text()
+
+
+def test_a_command_not_found_is_127(workdir: Path) -> None:
+    code, out = deploy("run", "--workdir", str(workdir), "--", "no-such-program-x", "--flag")
+    assert code == 127, out
+    assert "no-such-program-x: command not found" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "no command to run"),
+        (["--"], "no command to run"),
+        (["--bogus", "--", "python"], "No such option '--bogus'"),
+        (["--env", "NOEQUALS", "--", "python"], "--env 'NOEQUALS': write KEY=VALUE"),
+        (["--env", "TF_CONFIG={}", "--", "python"], "TF_CONFIG is set by tfcluster"),
+        (["--env", "1X=a", "--", "python"], "is not a variable name"),
+        (["--workdir", "/no/such/folder", "--", "python"], "--workdir: /no/such/folder is not a folder"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    code, out = deploy("run", *args)
+    assert code == 2, out
+    assert len(out.strip().splitlines()) == 1 and message in out, out
+
+
+def test_detached_job_refuses_a_second_one_and_cancel_stops_it(
+    workdir: Path, tfcluster_home: Path
+) -> None:
+    code, out = deploy(
+        "run", "--detach", "--workdir", str(workdir), "--env", "CHIEF_SLEEP=600",
+        "--", "python", "stand_in.py",
+    )  # fmt: skip
+    assert code == 0 and "started" in out, out
+    state = tfcluster_home / "clusters" / "local" / "state.json"
+    record = json.loads(state.read_text())["last_job"]
+    running = processes_in(workdir)
+    assert len(running) >= 4  # ps, 2 workers, chief
+
+    # A second job is refused, and the running one is left as it was.
+    code, out = deploy("run", "--workdir", str(workdir), "--", "python", "stand_in.py")
+    assert code == 3, out
+    assert f"job {record['run_id']}" in out and "still running" in out and "cancel" in out
+    assert json.loads(state.read_text())["last_job"] == record
+    assert set(running) <= set(processes_in(workdir))
+    code, out = deploy("train", "--steps", "5")
+    assert code == 3 and "still running" in out, out
+    assert set(running) <= set(processes_in(workdir))
+
+    code, out = deploy("logs")
+    assert code == 0 and "chief-0 started" in out and "worker-1 started" in out, out
+
+    code, out = deploy("cancel")
+    assert code == 0, out
+    assert f"cancelled {record['run_id']}" in out and "chief-0" in out and "ps-0" in out
+    assert json.loads(state.read_text())["last_job"]["exit_code"] == 130
+    code, out = deploy("cancel")
+    assert code == 0 and "nothing to stop" in out
+
+
+def test_ctrl_c_stops_every_task(workdir: Path, tfcluster_home: Path) -> None:
+    env = {**os.environ, "TFCLUSTER_HOME": str(tfcluster_home), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "run", "--workdir", str(workdir),
+         "--env", "CHIEF_SLEEP=600", "--", "python", "stand_in.py"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(processes_in(workdir)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # the chief is started last: let it be followed
+        assert len(processes_in(workdir)) >= 4
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "Traceback" not in out
+
+
+def test_exec_runs_in_the_working_folder_on_every_node(workdir: Path) -> None:
+    code, out = deploy("up")
+    assert code == 0, out
+    code, out = deploy("exec", "--workdir", str(workdir), "--", "python", "-c",
+                       "import os; print(sorted(os.listdir('.'))[0], os.getcwd())")  # fmt: skip
+    assert code == 0, out
+    for node in ("pc-1", "pc-2", "pc-3"):
+        assert f"{node} | collective_program.py {workdir}" in out
+
+    code, out = deploy("exec", "--workdir", str(workdir), "--node", "pc-2", "--", "sh", "-c", "echo no >&2; exit 3")
+    assert code == 3, out
+    assert "pc-2 | no" in out and "pc-1 |" not in out
+    assert "error: failed on 1 of 1 node(s): pc-2 exit 3" in out
+
+    code, out = deploy("exec", "--workdir", str(workdir), "--node", "pc-9", "--", "true")
+    assert code == 2 and "--node pc-9: not a node of local" in out

@@ -1,0 +1,10 @@
+"""The command line's side of tfcluster: how ``deploy.py`` shows things.
+
+``deploy.py`` holds the commands (parse, call ``infra``, render); what they
+render with is here, one concept a module: the consoles (consoles.py), the
+error printer and the debug log (errors.py), the command group that turns
+errors into one line and an exit code (group.py), the options several
+commands share (options.py), tables and plain lines of data (render.py),
+the live views of a running job or sweep (progress_view.py). ``infra/``
+never imports this package: the library prints nothing.
+"""

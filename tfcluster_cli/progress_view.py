@@ -1,0 +1,193 @@
+"""Live views of what runs: a job (``TrainView``: its line once launched,
+then the chief's events as a bar on a terminal, as lines otherwise) and a
+sweep (``SweepView``: a live table of the trials, or a line per start and
+end). Where output is not a terminal nothing is redrawn: a log or CI gets
+plain lines.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from infra.job import Job
+from infra.jobrun import JobReporter
+from infra.progress import ProgressEvent, describe, metrics_text, number
+from infra.text import node_text
+from tfcluster_cli import consoles
+from tfcluster_cli.render import cell, params_text
+
+
+class Null:
+    """A view of nothing: where ``up`` shows a spinner on a terminal, this
+    elsewhere (a spinner in a log is noise)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class TrainView(JobReporter):
+    """Renders a job's life: the job's line once launched, then the
+    chief's events: a live bar on a terminal, lines otherwise."""
+
+    def __init__(self, quiet: bool, *, echo: bool = False) -> None:
+        self.quiet = quiet
+        # A user's program: every line of the chief's output is shown.
+        self.echo = echo
+        self.progress: Progress | None = None
+        self.task_id: Any = None
+
+    def launched(self, job: Job) -> None:
+        consoles.console.print(
+            f"job {job.spec.run_id}: {job.spec.label}; "
+            + ", ".join(f"{t.name}@{t.node}" for t in job.tasks),
+            markup=False,
+            soft_wrap=True,
+        )
+
+    def following(self) -> TrainView:
+        return self
+
+    def __enter__(self) -> TrainView:
+        if consoles.console.is_terminal and not self.quiet:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} steps"),
+                TextColumn("{task.fields[detail]}", markup=False),
+                TimeRemainingColumn(),
+                console=consoles.console,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def event(self, event: ProgressEvent) -> None:
+        if self.progress is None:
+            consoles.console.print(describe(event), markup=False)
+            return
+        if event.kind == "start":
+            self.task_id = self.progress.add_task(
+                "training", total=event.get("total_steps") or None, detail=""
+            )
+            self.progress.console.print(describe(event), markup=False)
+        elif event.kind == "progress" and self.task_id is not None:
+            detail = f"loss {number(event.get('loss', 0), '.4f')} " + metrics_text(
+                event.get("metrics"), ".3f"
+            )
+            detail += f" {number(event.get('examples_per_sec', 0), '.0f')} ex/s"
+            step = event.get("step", 0)
+            self.progress.update(
+                self.task_id, completed=step if isinstance(step, int) else 0, detail=detail
+            )
+        elif event.kind != "progress":
+            self.progress.console.print(describe(event), markup=False)
+
+    def note(self, line: str) -> None:
+        """A line of tfcluster's own while the job runs (a recovery)."""
+        target = self.progress.console if self.progress else consoles.console
+        target.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+    def log(self, line: str) -> None:
+        if self.echo:
+            target = self.progress.console if self.progress else consoles.console
+            target.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        # The trainer's own log lines are in `deploy.py logs`; show errors here.
+        if "Error" in line or "error:" in line or "Traceback" in line:
+            (self.progress.console if self.progress else consoles.err_console).print(
+                f"chief: {line}", style="dim", markup=False, soft_wrap=True
+            )
+
+
+class SweepView:
+    """A live table of the trials on a terminal; a line per start and end
+    otherwise. Parameter values and metric names are the user's text: every
+    cell is Text, never markup."""
+
+    STATE_STYLE: ClassVar[dict[str, str]] = {
+        "running": "cyan",
+        "done": "green",
+        "failed": "red",
+        "stopped": "yellow",
+    }
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.live: Any = None
+        self.lock = threading.Lock()
+        self.shown: dict[int, str] = {}
+        self.trials: dict[int, Any] = {}
+
+    def __enter__(self) -> SweepView:
+        if consoles.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self.table([]), console=consoles.console, refresh_per_second=4)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def ready(self, sweep: Any) -> None:
+        """Once the nodes are checked: what is about to run, and where."""
+        text = (
+            f"sweep {self.spec.sweep_id}: {len(self.spec.points)} trial(s) of "
+            f"{node_text(self.spec.label)} on {', '.join(sweep.nodes)}, "
+            f"{sweep.per_node} at a time on each"
+        )
+        (self.live.console if self.live else consoles.console).print(
+            text, markup=False, soft_wrap=True
+        )
+
+    def change(self, trial: Any) -> None:
+        with self.lock:
+            self.trials[trial.index] = trial
+            if self.live is not None:
+                self.live.update(self.table(list(self.trials.values())))
+                return
+            if self.shown.get(trial.index) == trial.state:
+                return  # a new metric: the table at the end has it
+            self.shown[trial.index] = trial.state
+            line = f"{trial.name} {trial.node or '-'} {params_text(trial.params)} {trial.state}"
+            if trial.note:
+                line += f" ({trial.note})"
+            consoles.console.print(node_text(line), markup=False, highlight=False, soft_wrap=True)
+
+    def table(self, trials: list[Any], *, final: bool = False) -> Table:
+        table = Table(title=Text(f"sweep {self.spec.sweep_id}"), title_justify="left")
+        last = "seconds" if final else "last metric"
+        for column in ("trial", "node", "parameters", "state", last):
+            table.add_column(column)
+        if final:
+            table.add_column("metrics")
+        for trial in sorted(trials, key=lambda t: t.index):
+            state = trial.state + (f" (exit {trial.exit_code})" if trial.exit_code else "")
+            if trial.note and trial.state != "done":
+                state += f": {trial.note}"
+            shown = trial.metrics if final else trial.last_metric
+            metric = metrics_text(dict(list(shown.items())[:3]), ".4g")
+            cells = [
+                cell(str(trial.index)),
+                cell(trial.node or "-"),
+                cell(params_text(trial.params)),
+                cell(state, self.STATE_STYLE.get(trial.state, "")),
+            ]
+            if final:
+                cells += [cell(f"{trial.seconds:.1f}" if trial.seconds else "-"), cell(metric)]
+            else:
+                cells.append(cell(metric or "-"))
+            table.add_row(*cells)
+        return table

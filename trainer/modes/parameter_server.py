@@ -1,0 +1,99 @@
+"""``--mode async``: parameter server training.
+
+The variables live on the ps tasks; the chief (this process: ps and
+workers only serve, ``trainer/run.py``) schedules multi-step closures
+onto the workers with a ClusterCoordinator and never waits for all of
+them (``loop.run_async``). Each worker reads its own input stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import keras
+import tensorflow as tf
+
+from trainer import catalog
+from trainer.distribute import ClusterInfo
+from trainer.flags import Config
+from trainer.inputs import worker_stream_key
+from trainer.loop import Monitor, PhaseRun, run_async
+from trainer.models.base import Phase, Task
+from trainer.modes.base import NEVER_RELEASED, Call, DatasetFn, TrainingMode
+from trainer.steps import overlapped_calls, train_calls
+
+if TYPE_CHECKING:
+    from trainer.training import State
+
+
+class AsyncMode(TrainingMode):
+    def __init__(
+        self,
+        entry: catalog.Mode,
+        config: Config,
+        info: ClusterInfo,
+        strategy: tf.distribute.Strategy,
+    ) -> None:
+        super().__init__(entry, config, info, strategy)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    def dataset_fn(self, task: Task, data_dir: Path, start: int) -> DatasetFn:
+        folder, batch_size, seed = str(data_dir), self.config.batch_size, self.config.seed
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            # Which worker ran which step is not recorded: a resumed async
+            # run draws fresh streams (salted by the step) instead.
+            key = worker_stream_key(seed, salt=start)
+            return task.build_inputs(folder, batch_size, 0, key)
+
+        return dataset_fn
+
+    def input_iterator(self, task: Task, data_dir: Path, start: int) -> Any:
+        """Per worker: each worker's own pipeline, made on the worker."""
+        dataset_fn = self.dataset_fn(task, data_dir, start)
+        return iter(
+            self.coordinator.create_per_worker_dataset(
+                lambda: self.strategy.distribute_datasets_from_function(dataset_fn)
+            )
+        )
+
+    @property
+    def overlapped(self) -> bool:
+        """--overlap with one replica per worker."""
+        return self.config.overlap and self.strategy.num_replicas_in_sync == 1
+
+    def calls(self, phase: Phase, optimizer: keras.optimizers.Optimizer, state: State) -> Call:
+        """Overlapped with the ps's updates (``--overlap``), else step by
+        step, each step guarded against overshooting the phase's end."""
+        variables, jit = state.model.variables, self.config.jit
+        if self.overlapped:
+            return overlapped_calls(self.strategy, phase, optimizer, variables, state.step, jit=jit)
+        return train_calls(
+            self.strategy, phase, optimizer, variables, state.step, jit=jit, guard=True
+        )
+
+    def loop(
+        self, runs: list[PhaseRun], iterator: Any, monitor: Monitor, step: tf.Variable, start: int
+    ) -> int:
+        return run_async(
+            self.coordinator,
+            runs,
+            iterator,
+            monitor,
+            step,
+            per_call=self.config.steps_per_call,
+            in_flight=2 * self.workers,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {"overlap": self.overlapped}
+
+    def leave(self, iterator: Any) -> None:
+        # The process leaves by os._exit next: deleting the coordinator
+        # (it joins its worker threads) and the per-worker iterators (a
+        # call to every worker each) would only delay the job's end.
+        NEVER_RELEASED.extend([self.coordinator, iterator])
+
+
+MODE = AsyncMode
