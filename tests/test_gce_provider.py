@@ -704,6 +704,32 @@ def test_ctrl_c_mid_create_returns_at_once_and_leaves_only_labelled_instances(
     assert fake_gce.instances() == [] and fake_gce.firewalls() == []
 
 
+def test_ctrl_c_mid_create_returns_only_once_the_creates_already_sent_are_answered(
+    fake_gce: FakeGce, provider: GceProvider
+) -> None:
+    # pc-4's insert is on the wire (its answer slow) when the Ctrl-C lands
+    # during pc-3's. Were the interrupted create to return at once, pc-4
+    # would appear after it, perhaps after a `down` had listed the nodes.
+    on_the_wire = threading.Event()
+
+    def slow(call: Call) -> None:
+        on_the_wire.set()
+        time.sleep(1.0)
+
+    def interrupt(call: Call) -> None:
+        on_the_wire.wait(10)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    fake_gce.hook("instances.insert", slow, name="pc-4")
+    fake_gce.hook("instances.insert", interrupt, name="pc-3")
+    provider.prepare()
+    with pytest.raises(KeyboardInterrupt):
+        provider.create_nodes(NODES)
+    assert on_the_wire.is_set()
+    # No waiting here: what was sent is already in.
+    assert "pc-4" in {i["name"] for i in fake_gce.instances()}
+
+
 def test_ctrl_c_while_the_batch_is_still_starting_stops_what_already_started(
     provider: GceProvider,
 ) -> None:

@@ -28,7 +28,14 @@ from infra.keys import cluster_key
 from infra.providers.base import NodeProvider
 from infra.providers.gce._google import auth_exceptions, client_options, compute_v1, requests
 from infra.providers.gce.errors import _as_tfcluster_error, _OperationFailed, _transient
-from infra.providers.gce.parallel import _R, _T, _check_cancelled, _pause, parallel
+from infra.providers.gce.parallel import (
+    _R,
+    _T,
+    _check_cancelled,
+    _mutation,
+    _pause,
+    parallel,
+)
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
@@ -63,11 +70,15 @@ def _last(url: str | None) -> str:
     return (url or "").rstrip("/").rsplit("/", 1)[-1]
 
 
-def _retried(what: str) -> Callable[[_F], _F]:
+def _retried(what: str, *, mutates: bool) -> Callable[[_F], _F]:
     """Retry the decorated API call on transient failures (see ``_transient``)
     with exponential backoff and jitter, within ``self.retry_policy``; give
     up with a ProviderError naming ``what`` (formatted with the call's
-    arguments, ``self`` included). Other exceptions pass through at once."""
+    arguments, ``self`` included). Other exceptions pass through at once.
+
+    ``mutates``: the call changes something (creates, deletes, starts,
+    stops, sets); an interrupted batch waits for such a call to be answered
+    (see ``parallel``). Every call says which it is."""
 
     def decorate(fn: _F) -> _F:
         signature = inspect.signature(fn)
@@ -82,7 +93,8 @@ def _retried(what: str) -> Callable[[_F], _F]:
                 _check_cancelled()
                 attempt += 1
                 try:
-                    return fn(self, *args, **kwargs)
+                    with _mutation() if mutates else contextlib.nullcontext():
+                        return fn(self, *args, **kwargs)
                 except Exception as exc:
                     why = _transient(exc, self._endpoint)
                     if why is None:
@@ -246,7 +258,7 @@ class GceApi(NodeProvider):
         network = self.gce.network
         return network if "/" in network else f"global/networks/{network}"
 
-    @_retried("wait for operation {name}")
+    @_retried("wait for operation {name}", mutates=False)
     def _poll_operation(
         self, zone: str | None, name: str, budget: float, project: str | None = None
     ) -> compute_v1.Operation:

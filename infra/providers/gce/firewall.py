@@ -22,7 +22,7 @@ DENY_PRIORITY = 65000
 class GceFirewall(GceApi):
     """Creates, repairs and deletes the cluster's firewall rules."""
 
-    @_retried("get firewall rule {name}")
+    @_retried("get firewall rule {name}", mutates=False)
     def _get_firewall(self, name: str) -> compute_v1.Firewall | None:
         try:
             return self.api.firewalls.get(
@@ -34,7 +34,7 @@ class GceFirewall(GceApi):
         except api_exceptions.NotFound:
             return None
 
-    @_retried("create firewall rule {body.name}")
+    @_retried("create firewall rule {body.name}", mutates=True)
     def _insert_firewall(self, body: compute_v1.Firewall) -> compute_v1.Operation:
         return self.api.firewalls.insert_unary(
             project=self._firewall_project(),
@@ -43,7 +43,7 @@ class GceFirewall(GceApi):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("update firewall rule {body.name}")
+    @_retried("update firewall rule {body.name}", mutates=True)
     def _update_firewall(self, body: compute_v1.Firewall) -> compute_v1.Operation:
         # update (PUT) replaces the rule: a field the rule should not have
         # (a stray sourceRanges) is cleared, which PATCH would keep.
@@ -55,7 +55,7 @@ class GceFirewall(GceApi):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("delete firewall rule {name}")
+    @_retried("delete firewall rule {name}", mutates=True)
     def _delete_firewall(self, name: str) -> compute_v1.Operation | None:
         try:
             return self.api.firewalls.delete_unary(

@@ -38,7 +38,7 @@ log = logging.getLogger("tfcluster")
 class GceInstances(GceNodes):
     """Changes the cluster's instances, several at once."""
 
-    @_retried("create instance {name} in {zone}")
+    @_retried("create instance {name} in {zone}", mutates=True)
     def _insert_instance(
         self, zone: str, name: str, body: compute_v1.Instance
     ) -> compute_v1.Operation:
@@ -50,7 +50,7 @@ class GceInstances(GceNodes):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("{action} instance {name} in {zone}")
+    @_retried("{action} instance {name} in {zone}", mutates=True)
     def _instance_action(self, action: str, zone: str, name: str) -> compute_v1.Operation | None:
         """start, stop, resume or delete; None when the instance is gone (404)."""
         method = getattr(self.api.instances, f"{action}_unary")

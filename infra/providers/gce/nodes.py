@@ -56,7 +56,7 @@ RESERVED_METADATA = ("ssh-keys", "enable-oslogin", "enable-guest-attributes")
 class GceNodes(GceApi):
     """Reads the cluster's instances; keeps their labels and keys in sync."""
 
-    @_retried("list the instances of cluster {self.config.name}")
+    @_retried("list the instances of cluster {self.config.name}", mutates=False)
     def _list_cluster(self) -> list[compute_v1.Instance]:
         request = compute_v1.AggregatedListInstancesRequest(
             project=self.api.project, filter=f'labels.{CLUSTER_LABEL} = "{self.config.name}"'
@@ -69,7 +69,7 @@ class GceNodes(GceApi):
             found.extend(scoped.instances)
         return found
 
-    @_retried("list the instances of cluster {self.config.name} in {zone}")
+    @_retried("list the instances of cluster {self.config.name} in {zone}", mutates=False)
     def _list_zone(self, zone: str) -> list[compute_v1.Instance]:
         request = compute_v1.ListInstancesRequest(
             project=self.api.project,
@@ -78,7 +78,7 @@ class GceNodes(GceApi):
         )
         return list(self.api.instances.list(request=request, retry=None, timeout=_CALL_TIMEOUT_S))
 
-    @_retried("get instance {name} in {zone}")
+    @_retried("get instance {name} in {zone}", mutates=False)
     def _get_instance(self, zone: str, name: str) -> compute_v1.Instance | None:
         try:
             return self.api.instances.get(
@@ -91,7 +91,7 @@ class GceNodes(GceApi):
         except api_exceptions.NotFound:
             return None
 
-    @_retried("set the labels of {name} in {zone}")
+    @_retried("set the labels of {name} in {zone}", mutates=True)
     def _set_labels(
         self, zone: str, name: str, labels: dict[str, str], fingerprint: str
     ) -> compute_v1.Operation:
@@ -106,7 +106,7 @@ class GceNodes(GceApi):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("set the metadata of {name} in {zone}")
+    @_retried("set the metadata of {name} in {zone}", mutates=True)
     def _set_metadata(
         self, zone: str, name: str, metadata: compute_v1.Metadata
     ) -> compute_v1.Operation:
@@ -119,7 +119,7 @@ class GceNodes(GceApi):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("read the guest attributes of {name} in {zone}")
+    @_retried("read the guest attributes of {name} in {zone}", mutates=False)
     def _guest_attributes(
         self, zone: str, name: str, path: str
     ) -> list[compute_v1.GuestAttributesEntry]:

@@ -4,17 +4,28 @@ Everything that touches several nodes runs them in parallel threads: four
 nodes take about as long as one. The threads are daemons and stop making
 calls once the main thread is interrupted (each checks the batch's cancel
 event before every call and every pause), so a Ctrl-C returns at once.
+
+At once, but not before the calls that change something (create, delete,
+start, stop) already on the wire are answered: an insert sent in the
+moment of the Ctrl-C would otherwise land after ``up`` returned, perhaps
+after the ``down`` the user ran next had listed the nodes, and leave a VM
+running that no command knew of. Reads (operation waits among them, which
+can take two minutes) are left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from infra.providers.gce.errors import _Cancelled
+
+log = logging.getLogger("tfcluster")
 
 # The client's HTTP session pools 10 connections per client: more threads
 # than that would open and throw away extra connections.
@@ -37,6 +48,37 @@ def _check_cancelled() -> None:
         raise _Cancelled
 
 
+# Mutating calls under way in this process (see the module's docstring).
+_mutations = threading.Condition()
+_mutations_in_flight = 0
+
+
+@contextlib.contextmanager
+def _mutation() -> Iterator[None]:
+    """Around one call that changes something: counted while it runs, and
+    refused (_Cancelled) once the batch is cancelled. The check and the count
+    are one step under the lock, so a cancelling thread that then waits for
+    the count to reach zero cannot miss a call about to be sent."""
+    global _mutations_in_flight
+    with _mutations:
+        _check_cancelled()
+        _mutations_in_flight += 1
+    try:
+        yield
+    finally:
+        with _mutations:
+            _mutations_in_flight -= 1
+            _mutations.notify_all()
+
+
+def _settle(timeout: float) -> None:
+    """Until no mutating call is on the wire (at most ``timeout`` seconds)."""
+    with _mutations:
+        if _mutations_in_flight:
+            log.debug("interrupted: waiting for %d calls already sent", _mutations_in_flight)
+        _mutations.wait_for(lambda: _mutations_in_flight == 0, timeout)
+
+
 def _pause(seconds: float) -> None:
     """Sleep, but end at once (with _Cancelled) when the batch is cancelled."""
     event = _current_cancel()
@@ -47,13 +89,15 @@ def _pause(seconds: float) -> None:
 
 
 def parallel(
-    fn: Callable[[_T], _R], items: Sequence[_T]
+    fn: Callable[[_T], _R], items: Sequence[_T], *, settle_s: float = 70.0
 ) -> tuple[dict[_T, _R], dict[_T, BaseException]]:
     """``fn`` on every item at once; (results, errors) by item.
 
     Daemon threads: an interrupted main thread returns at once and the
     process can exit; the batch's cancel event stops the workers from
-    making further calls (each checks it before every call and sleep)."""
+    making further calls (each checks it before every call and sleep).
+    An interrupt returns once the mutating calls already sent are answered
+    (at most ``settle_s``, a little over one call's timeout)."""
     results: dict[_T, _R] = {}
     errors: dict[_T, BaseException] = {}
     if not items:
@@ -93,5 +137,6 @@ def parallel(
                 errors[item] = value
     except BaseException:
         cancel.set()
+        _settle(settle_s)
         raise
     return results, errors

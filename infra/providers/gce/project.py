@@ -83,7 +83,7 @@ class GceProject(GceApi):
         if self._oslogin:
             log.warning("%s", checks.OSLOGIN_HINT)
 
-    @_retried("read image {ref}")
+    @_retried("read image {ref}", mutates=False)
     def _get_image(self, ref: checks.ImageRef) -> compute_v1.Image | None:
         project = ref.project or self.api.project
         try:
@@ -97,7 +97,7 @@ class GceProject(GceApi):
         except api_exceptions.NotFound:
             return None
 
-    @_retried("read network {name}")
+    @_retried("read network {name}", mutates=False)
     def _get_network(self, project: str, name: str) -> compute_v1.Network | None:
         try:
             return self.api.networks.get(
@@ -106,7 +106,7 @@ class GceProject(GceApi):
         except api_exceptions.NotFound:
             return None
 
-    @_retried("read the metadata of project {self.api.project}")
+    @_retried("read the metadata of project {self.api.project}", mutates=False)
     def _project_metadata(self) -> dict[str, str]:
         project = self.api.projects.get(
             project=self.api.project, retry=None, timeout=_CALL_TIMEOUT_S
