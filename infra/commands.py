@@ -45,6 +45,15 @@ _PRELUDE = "\n".join(
         'read -r p t 2>/dev/null < "$1"; '
         '[ -n "$p" ] && [ -n "$t" ] && [ "$(start_tick "$p")" = "$t" ] && '
         'is_task "$p" "$n" && echo "$p"; }',
+        # Whether process $1, or any of its process group, still runs. Not
+        # `kill -0`: that also finds zombies, and a task's processes become
+        # the zombies of PID 1 (they outlive the shell that started them),
+        # which a container's or microVM's init may reap only seconds later;
+        # each stop and each job's end waited those seconds.
+        'group_alive() { local g=$1 f s; for f in /proc/[0-9]*/stat; do '
+        'read -r s 2>/dev/null < "$f" || continue; s=${s##*) }; set -- $s; '
+        '{ [ "$3" = "$g" ] || [ "$f" = "/proc/$g/stat" ]; } && [ "$1" != Z ] && return 0; '
+        "done; return 1; }",
     ]
 )
 
@@ -189,7 +198,7 @@ def stop_tasks(layout: NodeLayout, tasks: Sequence[str], grace: float = 10.0) ->
     # checkpoint) may still be busy handling it.
     lines.append(
         f"SECONDS=0; for p in $pids; do "
-        f'while {{ kill -0 -- -"$p" || kill -0 "$p"; }} 2>/dev/null && '
+        f'while group_alive "$p" && '
         f"[ $SECONDS -lt {int(grace)} ]; do sleep 0.05; done; "
         f'kill -KILL -- -"$p" 2>/dev/null; done; true'
     )
@@ -204,10 +213,15 @@ def follow_log(layout: NodeLayout, task: str) -> str:
         [
             _PRELUDE,
             f"p=$(alive_pid {pid})",
-            # A task already gone: its whole log, no following.
-            # -s: how often tail looks whether the task still runs (default
-            # 1 s): the end of a job is seen within 0.2 s.
-            f'if [ -n "$p" ]; then tail -n +1 -F -s 0.2 --pid="$p" {log} 2>/dev/null; '
+            # A task already gone: its whole log, no following. tail waits
+            # for a watcher of ours, not for the task's pid: tail's test
+            # (kill -0) takes the task's zombie for a live process (see
+            # group_alive); alive_pid does not. This shell reaps the watcher
+            # at once. -s: how often tail looks whether the watcher still
+            # runs (default 1 s): the end of a job is seen within 0.2 s.
+            'if [ -n "$p" ]; then',
+            f'  ( while [ -n "$(alive_pid {pid})" ]; do sleep 0.1; done ) & w=$!',
+            f'  tail -n +1 -F -s 0.2 --pid="$w" {log} 2>/dev/null',
             f"else cat {log} 2>/dev/null; fi",
             f'echo "@tfcluster-exit $(cat {exit_file} 2>/dev/null || echo -)"',
         ]
