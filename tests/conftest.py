@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Where a job's results come home when no --dest is given: runs/<cluster>/...
+# of the current folder (infra/cluster_jobs.py), which tests must never fill.
+REPO_RUNS = REPO / "runs"
 # The offline MNIST copy beside the checkout (CI), unless the caller set one.
 DEFAULT_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
 
@@ -20,6 +23,38 @@ def tfcluster_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     home = tmp_path_factory.mktemp("tfcluster-home")
     monkeypatch.setenv("TFCLUSTER_HOME", str(home))
     yield home
+
+
+def _entries(folder: Path) -> set[Path]:
+    return set(folder.rglob("*")) if folder.is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_runs_untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session fails if anything new lands in the checkout's runs/.
+    It runs in a tmp folder too: module-scoped fixtures (a job several
+    tests look at) are set up before any test's own folder."""
+    before = _entries(REPO_RUNS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path_factory.mktemp("session-cwd"))
+        yield
+    # runs/<cluster>/<run id>: the run folders, not every file in them.
+    new = {p for p in _entries(REPO_RUNS) - before if len(p.relative_to(REPO_RUNS).parts) <= 2}
+    if shown := sorted(str(p.relative_to(REPO)) for p in new if not any(q.parent == p for q in new)):
+        pytest.fail(
+            f"this session wrote into the checkout: {', '.join(shown)}; "
+            "give the test that did --dest or a tmp folder, and delete them"
+        )
+
+
+@pytest.fixture(autouse=True)
+def cwd_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test runs in a folder of its own: a job without --dest brings
+    its results home to runs/ there, and the local cluster's default working
+    folder (the current one) is empty rather than the checkout."""
+    folder = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,23 +18,10 @@ from infra.errors import ConfigError, JobFailed
 from infra.job import Job
 from infra.jobrun import JobReporter
 from infra.progress import ProgressEvent
+from tests.procs import none_left_in
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "tests" / "programs" / "stand_in.py"
-
-
-def processes_in(folder: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:
-            continue
-        if cwd == folder or folder in cwd.parents:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture
@@ -46,12 +30,7 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     folder.mkdir()
     shutil.copy(STAND_IN, folder / "stand_in.py")
     yield folder
-    deadline = time.monotonic() + 15
-    while (left := processes_in(folder)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes of the job still running: {left}"
+    none_left_in(folder)
 
 
 class Recorder(JobReporter):

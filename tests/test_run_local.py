@@ -25,6 +25,7 @@ from infra.cluster import Cluster
 from infra.config import default_config
 from infra.errors import JobFailed
 from infra.progress import ProgressEvent
+from tests.procs import none_left_in, processes_in
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "own-program"
@@ -36,21 +37,6 @@ def deploy(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def processes_in(folder: Path) -> list[int]:
-    """Pids of the processes whose working folder is in ``folder``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:
-            continue
-        if cwd == folder or folder in cwd.parents:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[Path]:
     """The user's working folder (a space in its name, as users have), with
@@ -59,12 +45,7 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     shutil.copytree(EXAMPLES, folder)
     shutil.copy(STAND_IN, folder / "stand_in.py")
     yield folder
-    deadline = time.monotonic() + 15
-    while (left := processes_in(folder)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes of the job still running: {left}"
+    none_left_in(folder)
 
 
 def result(dest: Path) -> dict:  # type: ignore[type-arg]

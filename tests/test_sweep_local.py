@@ -23,6 +23,7 @@ from deploy import cli
 from infra import facts
 from infra.errors import ConfigError
 from infra.sweep_spec import command_spec, grid, parse_params, substitute, trainer_spec
+from tests.procs import none_left_in, processes_in
 
 REPO = Path(__file__).resolve().parents[1]
 TRIAL = REPO / "tests" / "programs" / "trial.py"
@@ -32,20 +33,6 @@ RECORDED = REPO / "tests" / "recorded"
 def deploy(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
     return result.exit_code, result.output
-
-
-def processes_in(folder: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:
-            continue
-        if cwd == folder or folder in cwd.parents:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture
@@ -60,12 +47,7 @@ def project(tmp_path: Path) -> Iterator[Path]:
         "roles: {chief: pc-1, worker: pc-2}\njob:\n  workdir: my project\n"
     )
     yield folder
-    deadline = time.monotonic() + 15
-    while (left := processes_in(folder)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"trial processes still running: {left}"
+    none_left_in(folder)
 
 
 def sweep_folder(dest: Path) -> tuple[Path, dict[str, Any]]:

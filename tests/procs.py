@@ -1,0 +1,39 @@
+"""The processes of a test's job, found by their working folder: a job's
+tasks run in the user's folder (or below it), whichever node started them,
+so /proc tells what is still running after a test without asking tfcluster."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def processes_in(folder: Path) -> list[int]:
+    """Pids of the processes whose working folder is ``folder`` or below it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if cwd == folder or folder in cwd.parents:
+            found.append(int(entry.name))
+    return found
+
+
+def none_left_in(folder: Path, grace_s: float = 15.0) -> None:
+    """After a test: the processes in ``folder`` get ``grace_s`` to end (a
+    cancel's SIGTERM is handled); those still there are killed, so that
+    the next test starts clean, and the test fails naming them."""
+    deadline = time.monotonic() + grace_s
+    while (left := processes_in(folder)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):  # it ended just now
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the job still running in {folder}: {left}"
