@@ -11,6 +11,16 @@ import time
 from pathlib import Path
 
 
+def runs(pid: int) -> bool:
+    """Whether ``pid`` is a process that runs: not gone, not a zombie (a
+    task's exit that PID 1 has not reaped yet; see commands.group_alive)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def processes_in(folder: Path) -> list[int]:
     """Pids of the processes whose working folder is ``folder`` or below it."""
     found = []

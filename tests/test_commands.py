@@ -18,6 +18,7 @@ import pytest
 
 from infra import commands, facts
 from infra.transport import NodeLayout
+from tests.procs import runs
 
 STAND_IN = '''
 import socket, sys, time
@@ -71,16 +72,6 @@ def bash(home: Path, script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", "-c", script], cwd=home, capture_output=True, text=True, timeout=60
     )
-
-
-def runs(pid: int) -> bool:
-    """Whether ``pid`` is a process that runs: not gone, not a zombie (its
-    exit not yet reaped by PID 1, see commands.group_alive)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @pytest.fixture
