@@ -14,57 +14,40 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
-from rich.text import Text
 
 from infra.cluster import Cluster
 from infra.config import ClusterConfig, default_config, load_config
-from infra.errors import ConfigError, JobFailed
-from infra.progress import describe, parse_line
-from infra.text import node_text
-from tfcluster_cli.consoles import console, err_console, setup_logging
+from tfcluster_cli import render
+from tfcluster_cli.consoles import console, setup_logging
 from tfcluster_cli.group import TfclusterGroup
 from tfcluster_cli.options import (
+    dest_option,
+    detach_option,
     duration_option,
     env_option,
+    env_pairs_option,
     job_option,
     recover_option,
     workdir_option,
 )
-from tfcluster_cli.progress_view import Null, SweepView, TrainView
-from tfcluster_cli.render import (
-    print_job_outcome,
-    print_run_comparison,
-    print_status,
-    print_sweep_report,
-    print_up_plan,
-)
+from tfcluster_cli.program import check_arguments, interrupted_by, version
+from tfcluster_cli.progress_view import ExecView, Null, TrainView, log_printer
+from tfcluster_cli.reports import print_report
+from tfcluster_cli.sweeps import run_with_table, train_sweep
 from trainer import catalog
 from trainer.progress import process_age
 
 pass_cluster = click.make_pass_decorator(Cluster)
 
 
-def _version() -> str:
-    """The installed tfcluster's version (pyproject's, once `pip install -e .`
-    or `make` ran); a bare checkout run without installing says so."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tfcluster")
-    except PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
-
-
 @click.group(cls=TfclusterGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
-    _version(), "--version", "-V", prog_name="tfcluster", message="%(prog)s %(version)s"
+    version(), "--version", "-V", prog_name="tfcluster", message="%(prog)s %(version)s"
 )
 @click.option(
     "--config",
@@ -103,33 +86,18 @@ def up(cluster: Cluster, skip_setup: bool, dry_run: bool, autostop_text: str | N
     after = duration_option("--autostop", autostop_text) if autostop_text is not None else None
     cluster.check_autostop(after if autostop_text is not None else cluster.config.autostop)
     plan = cluster.plan_up(dry_run=dry_run)
-    config = cluster.config
     if dry_run:
-        print_up_plan(cluster, plan, skip_setup)
+        render.print_up_plan(cluster, plan, skip_setup)
         return
-    if plan.changes:
-        for line in plan.lines():
-            if not line.startswith(("keep", "ensure")):
-                console.print(node_text(line), style="cyan", markup=False)
+    render.print_up_changes(plan)
     with console.status("bringing the cluster up...") if console.is_terminal else Null():
         nodes, report = cluster.up(
             plan,
             setup=not skip_setup,
             autostop="off" if autostop_text is not None and after is None else after,
-            on_setup_event=lambda node, what: console.print(
-                f"  {node}: {node_text(what)}", markup=False
-            ),
+            on_setup_event=render.print_setup_event,
         )
-    if report is not None:
-        for line in report.lines():
-            console.print(f"  {node_text(line)}", markup=False)
-    if not plan.changes and (report is None or not report.changed):
-        console.print(
-            f"{config.name}: all {len(nodes)} nodes already up; nothing to do", markup=False
-        )
-    else:
-        console.print(f"[green]{escape(config.name)} is up[/]: {len(nodes)} nodes running")
-    print_status(cluster)
+    render.print_up_outcome(cluster, plan, nodes, report)
 
 
 @cli.command()
@@ -147,28 +115,21 @@ def status(cluster: Cluster, as_json: bool, all_gpus: bool) -> None:
         views, _ = cluster.status(all_gpus=all_gpus)
         click.echo(json.dumps([v.as_dict() for v in views], indent=2))
         return
-    print_status(cluster, all_gpus=all_gpus)
+    render.print_status(cluster, all_gpus=all_gpus)
 
 
 @cli.command()
 @pass_cluster
 def stop(cluster: Cluster) -> None:
     """Stop the nodes: no compute cost, disks kept."""
-    stopped = cluster.stop()
-    if stopped:
-        console.print(f"[green]stopped[/] {escape(node_text(', '.join(stopped)))}")
-    else:
-        console.print("nothing running; nothing to stop")
-    print_status(cluster)
+    render.print_stopped(cluster, cluster.stop())
 
 
 @cli.command()
 @pass_cluster
 def start(cluster: Cluster) -> None:
     """Start stopped nodes (their external IPs change)."""
-    nodes = cluster.start()
-    console.print(f"[green]running[/]: {escape(node_text(', '.join(n.name for n in nodes)))}")
-    print_status(cluster)
+    render.print_started(cluster, cluster.start())
 
 
 # `down` answered "n": nothing was changed, and a script that runs `down`
@@ -184,11 +145,7 @@ def autostop_(cluster: Cluster, duration: str) -> None:
     30m, 2h), or `off`. The nodes stop themselves (a guest shutdown: GCE
     keeps the disks and bills no compute); `start` brings them back."""
     after = duration_option("autostop", duration)
-    nodes = cluster.set_autostop(after)
-    from infra.autostop import format_duration
-
-    what = f"stop after {format_duration(after)} idle" if after else "off"
-    console.print(f"autostop {what} on {', '.join(nodes)}", markup=False, soft_wrap=True)
+    render.print_autostop(after, cluster.set_autostop(after))
 
 
 @cli.command()
@@ -201,29 +158,16 @@ def down(cluster: Cluster, yes: bool, dry_run: bool) -> None:
     the hosts as they are. Answering "n" changes nothing (exit 1)."""
     plan = cluster.plan_down()
     provider = cluster.provider
-    if not plan.delete and not plan.shared:
-        console.print(f"nothing to {provider.down_verb}", markup=False)
-        return
-    console.print(f"down plan for {cluster.config.name}:", markup=False)
-    for line in plan.lines(provider.down_verb):
-        console.print(f"  {node_text(line)}", markup=False, soft_wrap=True)
-    if dry_run:
+    if not render.print_down_plan(cluster, plan) or dry_run:
         return
     if not yes and not click.confirm(provider.down_question, default=False):
         console.print("cancelled: nothing changed", markup=False)
         raise click.exceptions.Exit(EXIT_CANCELLED)
     cluster.down(plan)
-    console.print(
-        provider.down_done.format(name=cluster.config.name),
-        style="green",
-        markup=False,
-        soft_wrap=True,
-    )
+    render.print_down_done(cluster)
 
 
 # -- jobs ------------------------------------------------------------------------
-
-# infra/recovery.py: on by default where a node is a Spot VM.
 
 
 @cli.command(
@@ -241,8 +185,8 @@ Examples:
 @job_option("--checkpoint-every", "checkpoint_every", type=click.IntRange(min=1))
 @job_option("--data-dir", "data_dir", help="MNIST folder on the nodes.")
 @click.option("--resume", is_flag=True, help="Continue the last job from its checkpoint.")
-@click.option("--detach", is_flag=True, help="Start the job and return at once.")
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), help="Where results go.")
+@detach_option
+@dest_option("Where results go.")
 @click.option(
     "--sweep",
     "sweep_params",
@@ -275,14 +219,14 @@ def train(
     if trainer_args:
         overrides["extra_args"] = tuple(cluster.config.job.args) + trainer_args
     if sweep_params or trials or per_node:
-        _train_sweep(cluster, sweep_params, trials, per_node or 1, resume, detach, dest, overrides)
+        train_sweep(cluster, sweep_params, trials, per_node or 1, resume, detach, dest, overrides)
         return
     view = TrainView(detach)
     result = cluster.train(
         resume=resume, detach=detach, dest=dest, recover=not no_recover, reporter=view,
         **overrides,
     )  # fmt: skip
-    print_job_outcome(result)
+    render.print_job_outcome(result)
 
 
 # `run` and `exec`: where COMMAND runs, synced to the nodes first.
@@ -302,20 +246,12 @@ Examples:
     help="A collective program (MultiWorkerMirroredStrategy): TF_CONFIG names the chief "
     "and the workers only, and no ps task is started.",
 )
-@click.option(
-    "--env",
-    "env_pairs",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An environment variable for every task (repeatable; beside cluster.yaml's job.env).",
+@env_pairs_option(
+    "An environment variable for every task (repeatable; beside cluster.yaml's job.env)."
 )
 @workdir_option
-@click.option("--detach", is_flag=True, help="Start the job and return at once.")
-@click.option(
-    "--dest",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Where the chief's TFCLUSTER_RUN_DIR comes home (default runs/<cluster>/<run id>).",
-)
+@detach_option
+@dest_option("Where the chief's TFCLUSTER_RUN_DIR comes home (default runs/<cluster>/<run id>).")
 @recover_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
@@ -351,7 +287,7 @@ def run(
         command, ps=not no_ps, env=env, workdir=workdir, detach=detach, dest=dest,
         recover=not no_recover, reporter=view,
     )  # fmt: skip
-    print_job_outcome(result)
+    render.print_job_outcome(result)
 
 
 @cli.command("exec", context_settings={"allow_interspersed_args": False})
@@ -371,34 +307,16 @@ def exec_(
     """Run COMMAND on every node (or the --node ones) in the working folder,
     e.g. `exec -- nvidia-smi`, `exec -- pip list`. Output lines are prefixed
     with the node's name; exits 0 only if COMMAND succeeded everywhere."""
+    view = ExecView()
     folder = cluster.workdir(workdir)
-    lock = threading.Lock()
-
-    def show(node: str, line: str) -> None:
-        with lock:
-            console.print(f"{node} | {line}", markup=False, highlight=False, soft_wrap=True)
-
-    codes = cluster.exec(command, list(nodes) or None, workdir=folder, on_line=show)
-    failed = {node: code for node, code in codes.items() if code != 0}
-    if failed:
-        raise JobFailed(
-            f"failed on {len(failed)} of {len(codes)} node(s): "
-            + ", ".join(f"{node} exit {code}" for node, code in failed.items()),
-            exit_code=next(iter(failed.values())),
-        )
+    view.check(cluster.exec(command, list(nodes) or None, workdir=folder, on_line=view.line))
 
 
 @cli.command()
 @pass_cluster
 def cancel(cluster: Cluster) -> None:
     """Stop every task of the running job on purpose."""
-    record, stopped = cluster.cancel()
-    if stopped:
-        console.print(
-            f"cancelled {record.run_id}: stopped {node_text(', '.join(stopped))}", markup=False
-        )
-    else:
-        console.print(f"{record.run_id}: no task was running; nothing to stop", markup=False)
+    render.print_cancelled(*cluster.cancel())
 
 
 @cli.command()
@@ -413,14 +331,8 @@ def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool
     """Task logs of every node (or one), each line prefixed with node/task.
     The chief's progress events are shown as sentences (`--raw`: as JSON).
     Before any job, or with no node running: one line saying so, exit 3."""
-
-    def show(node_name: str, task: str, line: str) -> None:
-        event = None if raw else parse_line(line)
-        text = line if event is None else describe(event)
-        console.print(Text.assemble((f"{node_name}/{task}", "cyan"), " ", text), soft_wrap=True)
-
     try:
-        cluster.logs(node, lines=lines, follow=follow, on_line=show)
+        cluster.logs(node, lines=lines, follow=follow, on_line=log_printer(raw))
     except KeyboardInterrupt:
         return
 
@@ -442,17 +354,10 @@ def tensorboard(cluster: Cluster, run_id: str | None, port: int) -> None:
     Ctrl-C closes it and stops it on the node."""
     # A closed terminal stops it too: nothing else would (a job, by
     # contrast, is recorded, and goes on for `logs` and `fetch`).
-    _interrupted_by(signal.SIGHUP)
-
-    def starting(node: str) -> None:
-        console.print(f"starting TensorBoard on {node}...", markup=False)
-
+    interrupted_by(signal.SIGHUP)
+    starting = render.print_tensorboard_starting
     with cluster.tensorboard(run_id, local_port=port, on_starting=starting) as (board, wait):
-        console.print(
-            f"TensorBoard for {board.node}:{board.logdir} at {board.url} (Ctrl-C closes it)",
-            markup=False,
-            soft_wrap=True,
-        )
+        render.print_tensorboard(board)
         try:
             wait()
         except KeyboardInterrupt:
@@ -460,7 +365,7 @@ def tensorboard(cluster: Cluster, run_id: str | None, port: int) -> None:
 
 
 @cli.command()
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), help="Where to put it.")
+@dest_option("Where to put it.")
 @pass_cluster
 def fetch(cluster: Cluster, dest: Path | None) -> None:
     """Bring the last job's run folder home (metrics, summary, plots, checkpoints)."""
@@ -494,23 +399,7 @@ def report(run_dirs: tuple[str, ...], plot: Path | None, as_json: bool, metric: 
     """Compare runs: training time, examples/s, speedup vs 1 worker, accuracy or PSNR.
     Given a sweep folder: its trials, the best one marked, and the metric
     against each parameter."""
-    from infra.report import ReportError, compute_rows, load_runs, write_plot
-    from infra.sweep_report import is_sweep
-
-    if len(run_dirs) == 1 and is_sweep(run_dirs[0]):
-        print_sweep_report(Path(run_dirs[0]), plot, as_json, metric)
-        return
-    plot = plot or Path("report.png")
-    try:
-        runs = load_runs(run_dirs)
-    except ReportError as exc:
-        raise ConfigError(str(exc)) from None
-    rows = compute_rows(runs)
-    write_plot(runs, plot)
-    if as_json:
-        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
-        return
-    print_run_comparison(runs, rows, plot)
+    print_report(run_dirs, plot, as_json, metric)
 
 
 # -- sweeps ----------------------------------------------------------------------
@@ -539,19 +428,9 @@ Examples:
     show_default=True,
     help="Trials at a time on each node (at most its CPUs).",
 )
-@click.option(
-    "--env",
-    "env_pairs",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An environment variable for every trial (repeatable).",
-)
+@env_pairs_option("An environment variable for every trial (repeatable).")
 @workdir_option
-@click.option(
-    "--dest",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Where the sweep folder goes (default runs/<cluster>/<sweep id>).",
-)
+@dest_option("Where the sweep folder goes (default runs/<cluster>/<sweep id>).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
 def sweep(
@@ -578,75 +457,7 @@ def sweep(
         trials=trials,
         env={**cluster.config.job.env, **env_option(env_pairs)},
     )
-    _run_sweep(cluster, spec, per_node=per_node, dest=dest, workdir=cluster.workdir(workdir))
-
-
-def _run_sweep(
-    cluster: Cluster, spec: Any, *, per_node: int, dest: Path | None, workdir: Path | None
-) -> None:
-    """Run a sweep with a live table of its trials, then say how it went."""
-    from infra.sweep import run_sweep
-
-    # A closed terminal stops the trials too: no record of them is kept
-    # for `cancel` or `status` (a job, by contrast, goes on for `logs`).
-    _interrupted_by(signal.SIGHUP)
-    destination = cluster.local_run_dir(spec.sweep_id, dest)
-    view = SweepView(spec)
-    with view:
-        sweep_run = run_sweep(
-            cluster,
-            spec,
-            per_node=per_node,
-            dest=destination,
-            workdir=workdir,
-            on_change=view.change,
-            on_ready=view.ready,
-        )
-    console.print(view.table(sweep_run.trials, final=True))
-    failed = [t for t in sweep_run.trials if t.state != "done"]
-    console.print(f"results: {destination}", markup=False, soft_wrap=True)
-    if failed:
-        raise JobFailed(
-            f"{len(failed)} of {len(sweep_run.trials)} trial(s) failed: "
-            + ", ".join(
-                f"{t.name} ({'exit ' + str(t.exit_code) if t.exit_code is not None else t.note})"
-                for t in failed
-            ),
-            exit_code=1,
-            hint="`deploy.py logs` shows each trial's log (trial-N)",
-        )
-    console.print(
-        f"[green]done[/]: {len(sweep_run.trials)} trial(s); "
-        f"compare them with `deploy.py report {escape(str(destination))}`"
-    )
-
-
-def _train_sweep(
-    cluster: Cluster,
-    sweep_params: tuple[str, ...],
-    trials: int | None,
-    per_node: int,
-    resume: bool,
-    detach: bool,
-    dest: Path | None,
-    overrides: dict[str, Any],
-) -> None:
-    from infra.sweep_spec import parse_params, trainer_spec
-
-    if not sweep_params:
-        raise ConfigError("--trials and --per-node go with --sweep FLAG=V1,V2,...")
-    if resume or detach:
-        raise ConfigError("--sweep runs to the end: no --resume or --detach with it")
-    if overrides.get("mode") not in (None, "single"):
-        raise ConfigError(
-            f"--mode {overrides['mode']}: each trial of a sweep is one process (mode single); "
-            "leave --mode out"
-        )
-    overrides["mode"] = "single"
-    params = parse_params(sweep_params, option="--sweep")
-    base = cluster.train_spec(**overrides).program.argv
-    spec = trainer_spec(base, params, trials=trials)
-    _run_sweep(cluster, spec, per_node=per_node, dest=dest, workdir=None)
+    run_with_table(cluster, spec, per_node=per_node, dest=dest, workdir=cluster.workdir(workdir))
 
 
 @cli.command("forget-host")
@@ -670,39 +481,15 @@ COMPLETE_VAR = "_TFCLUSTER_COMPLETE"
 _STARTED: float | None = None
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     global _STARTED
     _STARTED = time.monotonic() - process_age()
     # `kill` (SIGTERM) ends a command as Ctrl-C does: a sweep stops its
     # trials (which no `cancel` knows of), TensorBoard is stopped, a
-    # followed job's tasks too. Where it is ignored, it stays ignored.
-    _interrupted_by(signal.SIGTERM)
-    for i, arg in enumerate(sys.argv[1:], 1):
-        # Bytes that are not UTF-8 arrive as surrogates (surrogateescape):
-        # the SSH library cannot send them, and stopped a sweep or a run
-        # with a traceback once the command was on its way to a node.
-        try:
-            arg.encode()
-        except UnicodeEncodeError:
-            shown = arg.encode(errors="surrogateescape").decode(errors="backslashreplace")
-            err_console.print(
-                f"error: argument {i} ({node_text(shown[:60])}) is not UTF-8 text; "
-                "write it as UTF-8 (check the terminal's locale)",
-                style="red", markup=False, soft_wrap=True,
-            )  # fmt: skip
-            sys.exit(ConfigError.exit_code)
+    # followed job's tasks too.
+    interrupted_by(signal.SIGTERM)
+    check_arguments(sys.argv[1:])
     cli(prog_name=os.path.basename(sys.argv[0]) or "deploy.py", complete_var=COMPLETE_VAR)
-
-
-def _interrupted_by(sig: signal.Signals) -> None:
-    # Only the main thread may set a handler (a test may run us in another).
-    main = threading.current_thread() is threading.main_thread()
-    if main and signal.getsignal(sig) is signal.SIG_DFL:
-        signal.signal(sig, _interrupt)
 
 
 if __name__ == "__main__":

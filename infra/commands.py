@@ -87,21 +87,7 @@ def start_task(
     exported as ``TFCLUSTER_RUN_DIR``. A task of the same name still running
     is an error (exit 3), so a job is never started on top of another one;
     a working folder that does not exist is exit 4."""
-    log, pid, exit_file = _files(layout, task)
-    paths = dict(path_env or {})
-    if run_dir is not None:
-        paths["TFCLUSTER_RUN_DIR"] = run_dir
-    # The variables reach the task through `env`, never `export` into this
-    # script: a user's variable named like one the script itself uses (H,
-    # IFS, ...) would otherwise change where its pid and log files go or
-    # how it reads /proc, and leave a task nobody can find or stop.
-    assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    assignments += [f"{k}={path(v)}" for k, v in sorted(paths.items())]
-    # The inner shell runs the command and records its exit code. "$1" is
-    # the exit file, passed as an argument so it is not quoted twice; "$0"
-    # is the task's name, which bash puts before its own errors
-    # ("worker-0: line 1: train.py: command not found").
-    inner = " ".join(shlex.quote(a) for a in argv) + '; echo $? > "$1"'
+    _, pid, exit_file = _files(layout, task)
     lines = [
         _PRELUDE,
         f"mkdir -p {path(layout.logs)}",
@@ -110,14 +96,42 @@ def start_task(
         "fi",
         f"rm -f {exit_file}",
     ]
+    paths = dict(path_env or {})
     if run_dir is not None:
+        paths["TFCLUSTER_RUN_DIR"] = run_dir
         lines.append(f"mkdir -p {path(run_dir)}")
     if cwd is not None:
         lines.append(
             f"cd {path(cwd)} 2>/dev/null || "
             f"{{ echo 'no working folder '{shlex.quote(cwd)}' on this node' >&2; exit 4; }}"
         )
-    lines += [
+    lines += _launch(layout, task, argv, _assignments(env, paths))
+    return "\n".join(lines)
+
+
+def _assignments(env: Mapping[str, str], paths: Mapping[str, str]) -> list[str]:
+    """``NAME=value`` words: ``env``'s values literal, ``paths``' as layout
+    paths (absolute on the node)."""
+    # The variables reach the task through `env`, never `export` into this
+    # script: a user's variable named like one the script itself uses (H,
+    # IFS, ...) would otherwise change where its pid and log files go or
+    # how it reads /proc, and leave a task nobody can find or stop.
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    return assignments + [f"{k}={path(v)}" for k, v in sorted(paths.items())]
+
+
+def _launch(
+    layout: NodeLayout, task: str, argv: Sequence[str], assignments: Sequence[str]
+) -> list[str]:
+    """Start the task detached, write its pid file once the task can be
+    found by it, and print ``started TASK PID``."""
+    log, pid, exit_file = _files(layout, task)
+    # The inner shell runs the command and records its exit code. "$1" is
+    # the exit file, passed as an argument so it is not quoted twice; "$0"
+    # is the task's name, which bash puts before its own errors
+    # ("worker-0: line 1: train.py: command not found").
+    inner = " ".join(shlex.quote(a) for a in argv) + '; echo $? > "$1"'
+    return [
         f'export PATH={path(layout.bin)}:"$PATH"',
         # Every task carries its name: alive_pid looks for it.
         f"export TFCLUSTER_TASK={shlex.quote(task)}",
@@ -136,7 +150,6 @@ def start_task(
         f'echo "$p $(start_tick "$p")" > {pid}',
         f'echo "started {task} $p"',
     ]
-    return "\n".join(lines)
 
 
 def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> str:

@@ -11,7 +11,9 @@ With no file at all, ``default_config()`` is the embedded local cluster
 This module reads: the file (bounded, UTF-8), the YAML (no duplicate key,
 no alias bomb), the validation's errors as one line with a "did you mean".
 The schema itself, one model per section, is infra/config_schema.py; its
-names that callers use are imported from here (``__all__``).
+names that callers use are imported from here (``__all__``). A provider's
+own section (gce's, a plug-in's) comes from the provider and is added to
+the keys here, for the providers the file uses.
 """
 
 from __future__ import annotations
@@ -28,19 +30,12 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
-from infra.config_schema import (
-    ClusterConfig,
-    GceConfig,
-    SshConfig,
-    _KeyedError,
-    check_env_name,
-    show,
-)
+from infra.config_base import show
+from infra.config_schema import ClusterConfig, SshConfig, _KeyedError, check_env_name
 from infra.errors import ConfigError
 
 __all__ = [
     "ClusterConfig",
-    "GceConfig",
     "SshConfig",
     "check_env_name",
     "default_config",
@@ -214,7 +209,7 @@ def _check_yaml_tree(root: yaml.Node, source: str) -> None:
 def parse_config(data: Any, *, source: str, base_dir: Path | None = None) -> ClusterConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys (name, provider, nodes, ...)")
-    model = _cluster_model()
+    model = _cluster_model(data)
     try:
         config = model.model_validate(data)
     except ValidationError as exc:
@@ -222,21 +217,31 @@ def parse_config(data: Any, *, source: str, base_dir: Path | None = None) -> Clu
     return config.model_copy(update={"base_dir": base_dir or Path.cwd()})
 
 
-def _cluster_model() -> type[ClusterConfig]:
-    """ClusterConfig, plus a key for each plug-in provider's own section
-    (``NodeProvider.config_section``, under the provider's name): the
-    built-in sections (gce, ssh, hosts) are ClusterConfig's own fields."""
-    from infra.providers import provider_sections
+def _cluster_model(data: dict[Any, Any] | None) -> type[ClusterConfig]:
+    """ClusterConfig, plus a key for the own section of each provider the
+    file uses (``NodeProvider.config_section``, under the provider's name):
+    the provider it names and any other whose key it has (a gce file's
+    ``gce:`` stays checked when it switches to provider ssh). Only those
+    providers are imported: a local cluster's file loads no cloud's code.
+    ``data`` None: every registered provider's (for "did you mean")."""
+    from infra.providers import provider_names, provider_sections
 
-    sections = provider_sections(skip=tuple(ClusterConfig.model_fields))
+    named = data.get("provider", "local") if data is not None else None
+    used = [
+        name
+        for name in provider_names()
+        if name not in ClusterConfig.model_fields
+        and (data is None or name in data or name == named)
+    ]
+    sections = provider_sections(used)
     return _with_sections(tuple(sorted(sections.items()))) if sections else ClusterConfig
 
 
 @functools.cache
 def _with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[ClusterConfig]:
-    # Each section is optional: a cluster of another provider leaves it out,
-    # and the provider reads None as "all defaults" (NodeProvider.section).
-    fields: dict[str, Any] = {name: (model | None, None) for name, model in sections}
+    # Left out of the file, a section is its defaults (every field of a
+    # section has one), as ClusterConfig's own sections are.
+    fields: dict[str, Any] = {name: (model, model()) for name, model in sections}
     return create_model("ClusterConfig", __base__=ClusterConfig, **fields)
 
 
@@ -256,7 +261,9 @@ def _one_line(source: str, exc: ValidationError, model: type[BaseModel] | None =
     key = ".".join(p if _PLAIN_KEY.match(p) else show(p, 40) for p in loc) or "(top level)"
     kind = err["type"]
     if kind == "extra_forbidden":
-        return f"{source}: {key}: unknown key{_did_you_mean(loc, model or ClusterConfig)}"
+        # Near any provider's section name, not only those the file uses.
+        every = _cluster_model(None) if len(loc) == 1 else model or ClusterConfig
+        return f"{source}: {key}: unknown key{_did_you_mean(loc, every)}"
     if kind == "missing":
         return f"{source}: {key}: required key is missing"
     value = err.get("input")

@@ -1,33 +1,33 @@
 """cluster.yaml's schema: one pydantic model per section (``Roles``,
-``Ports``, ``GceConfig``, ``SshConfig``, ``HostConfig``, ``SetupConfig``,
-``JobConfig``) and ``ClusterConfig``, which holds them and checks what
-spans sections (roles against nodes, a mode against its roles).
+``Ports``, ``SshConfig``, ``SetupConfig``, ``JobConfig``) and
+``ClusterConfig``, which holds them and checks what spans sections (roles
+against nodes, a mode against its roles).
 
-Every model is strict (``_Strict``): no unknown key, no lax type
-(``steps: "10"`` is refused, not read as 10), and each field's comment is
-its documentation. infra/config.py reads the file into them and turns a
-validation error into one line; callers import from there.
+The sections of one provider live with it: ``gce`` is the gce package's
+(infra/providers/gce/config.py), added to the file's keys by infra/config.py
+like a plug-in's; ``hosts``, provider ssh's, is infra/config_hosts.py (a
+field of ClusterConfig, as its key is not the provider's name). ``ssh`` is
+here: every SSH transport logs in with it, whichever provider made the node.
+
+Every model is strict (``Strict``, infra/config_base.py): no unknown key,
+no lax type (``steps: "10"`` is refused, not read as 10), and each field's
+comment is its documentation. infra/config.py reads the file into them and
+turns a validation error into one line; callers import from there.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from infra.config_base import Port, Strict, show
+from infra.config_hosts import HostConfig, host_shorthand
 from trainer import catalog
 
 # GCE's rule for instance, firewall and label-value names (RFC 1035).
@@ -35,7 +35,6 @@ _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 # The cluster name is embedded in other GCE names ("tfcluster-<name>-grpc"),
 # so it must leave room under GCE's 63-character limit.
 _CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?\Z")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]\Z")
 
 ROLES = ("ps", "worker", "chief")
 # An environment variable name; those tfcluster sets for each task are reserved.
@@ -47,37 +46,6 @@ RESERVED_ENV_PREFIX = "TFCLUSTER_"
 _LOGIN = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}\Z")
 # setup.python: a command name or a path; no shell syntax, no option.
 _PROGRAM = re.compile(r"^[A-Za-z0-9_.+/-]{1,255}\Z")
-# One DNS label (an underscore is tolerated: /etc/hosts and docker names use it).
-_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
-
-
-def show(value: object, limit: int = 60) -> str:
-    """``value`` for an error line: its repr, cut to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def check_address(value: str) -> str:
-    """A host name, an IPv4 address or an IPv6 address (brackets dropped)."""
-    if value.startswith("[") and value.endswith("]"):
-        value = value[1:-1]
-        try:
-            ipaddress.IPv6Address(value)
-        except ValueError:
-            raise ValueError(f"{show(value)} in brackets is not an IPv6 address") from None
-        return value
-    try:
-        ipaddress.ip_address(value)
-        return value
-    except ValueError:
-        pass
-    labels = value.removesuffix(".").split(".")
-    if 0 < len(value) <= 253 and all(_LABEL.match(label) for label in labels):
-        return value
-    raise ValueError(
-        f"{show(value)} is not a host name or IP address (at most 253 characters; "
-        "an IPv6 address with a port goes in brackets: [2001:db8::1]:22)"
-    )
 
 
 def check_env_name(name: str) -> str | None:
@@ -99,18 +67,9 @@ def _as_list(value: Any) -> Any:
 
 
 NodeList = Annotated[list[str], BeforeValidator(_as_list)]
-Port = Annotated[int, Field(ge=1024, le=65535)]
 
 
-class _Strict(BaseModel):
-    # Unknown keys are errors: a typo must never silently fall back to a
-    # default that provisions something else (and costs money).
-    # strict: `steps: true` is not 1, `steps: "10"` is not 10 (YAML has
-    # real numbers and booleans); no .inf or .nan where a number goes.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class Roles(_Strict):
+class Roles(Strict):
     """Which nodes run which TensorFlow tasks. Each: a node name or a list."""
 
     ps: NodeList = ["pc-1"]  # parameter servers: hold the variables (async mode)
@@ -118,7 +77,7 @@ class Roles(_Strict):
     worker: NodeList = ["pc-2", "pc-3", "pc-4"]  # compute the steps
 
 
-class Ports(_Strict):
+class Ports(Strict):
     """gRPC port of each task type. ps and chief share pc-1 by default, so
     they must differ; the firewall opens exactly these between the nodes."""
 
@@ -127,81 +86,7 @@ class Ports(_Strict):
     chief: Port = 2224
 
 
-class Accelerator(_Strict):
-    """GPUs per node (GCE guestAccelerators)."""
-
-    type: str  # for example nvidia-tesla-t4, nvidia-l4
-    count: Annotated[int, Field(ge=1, le=8)] = 1
-
-
-class GceConfig(_Strict):
-    """Compute Engine settings (provider: gce)."""
-
-    # Project id; default: $GOOGLE_CLOUD_PROJECT, then the ADC project.
-    project: str | None = None
-    # Ordered: the first zone is preferred, the rest are tried on stockout or quota.
-    zones: list[str] = ["us-central1-a", "us-central1-b", "us-central1-f"]
-    # 2 vCPU / 8 GB: TensorFlow plus a ps or worker fit with room to spare.
-    machine_type: str = "e2-standard-2"
-    # A family resolves to the newest image of that family at create time.
-    image: str = "projects/debian-cloud/global/images/family/debian-12"
-    # Boot disk, GB; None = 20, or the image's own size when larger (a Deep
-    # Learning VM image is about 50 GB; GCE refuses a disk smaller than its image).
-    disk_gb: Annotated[int, Field(ge=10, le=65536)] | None = None
-    disk_type: str = "pd-balanced"
-    # Spot VMs: far cheaper, may be stopped by GCE at any time (`up` restarts them).
-    preemptible: bool = False
-    network: str = "default"
-    subnetwork: str | None = None
-    # Who may reach SSH (port 22). Narrow this to your own address/32.
-    ssh_source_ranges: list[str] = ["0.0.0.0/0"]
-    # Compute API endpoint; None = Google's. Emulators and tests set http://127.0.0.1:PORT.
-    api_endpoint: str | None = None
-    # "adc" (gcloud auth application-default login), "anonymous" (emulators only),
-    # or the path of a service-account JSON key file.
-    credentials: str = "adc"
-    accelerator: Accelerator | None = None
-    # Upper bound, seconds, on waiting for any one Compute operation.
-    operation_timeout: Annotated[float, Field(gt=0)] = 600.0
-    # Extra labels on every instance (cost attribution).
-    labels: dict[str, str] = {}
-    # Extra instance metadata (for example install-nvidia-driver: "True"); the
-    # keys tfcluster sets itself (ssh-keys, enable-oslogin, ...) are refused.
-    metadata: dict[str, str] = {}
-
-    @field_validator("zones")
-    @classmethod
-    def _zones(cls, zones: list[str]) -> list[str]:
-        if not zones:
-            raise ValueError("list at least one zone, for example [us-central1-a]")
-        for zone in zones:
-            if not _ZONE.match(zone):
-                raise ValueError(f"{show(zone)} is not a zone name; zones look like us-central1-a")
-        if len(set(zones)) != len(zones):
-            raise ValueError("a zone is listed twice")
-        return zones
-
-    @field_validator("ssh_source_ranges")
-    @classmethod
-    def _ranges(cls, ranges: list[str]) -> list[str]:
-        for cidr in ranges:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ValueError(
-                    f"{show(cidr)} is not a CIDR range such as 203.0.113.7/32"
-                ) from None
-        return ranges
-
-    @field_validator("api_endpoint")
-    @classmethod
-    def _endpoint(cls, endpoint: str | None) -> str | None:
-        if endpoint is not None and not re.match(r"^https?://[^/]+", endpoint):
-            raise ValueError(f"{show(endpoint)} is not a URL such as http://127.0.0.1:8089")
-        return endpoint
-
-
-class SshConfig(_Strict):
+class SshConfig(Strict):
     """How tfcluster logs in to the nodes (providers gce and ssh)."""
 
     # The login on the nodes: a POSIX user name (letters, digits, '.', '_', '-').
@@ -225,57 +110,7 @@ class SshConfig(_Strict):
         return user
 
 
-class HostConfig(_Strict):
-    """One existing machine (provider: ssh)."""
-
-    address: str  # where this machine reaches it over SSH
-    port: Port | Literal[22] = 22
-    # Where the other nodes reach it (TF_CONFIG); default: address.
-    internal_address: str | None = None
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, address: str) -> str:
-        return check_address(address)
-
-    @field_validator("internal_address")
-    @classmethod
-    def _internal(cls, address: str | None) -> str | None:
-        return None if address is None else _task_host(check_address(address))
-
-    def task_host(self) -> str:
-        """The host part of this node's TF_CONFIG addresses (IPv6 in brackets)."""
-        return self.internal_address or _task_host(self.address)
-
-
-def _task_host(address: str) -> str:
-    # TF_CONFIG holds "host:port": an IPv6 address needs its brackets there.
-    return f"[{address}]" if ":" in address else address
-
-
-def _host(value: Any) -> Any:
-    """``pc-1: 10.0.0.5``, ``pc-1: 10.0.0.5:2201`` or ``[2001:db8::1]:2201``
-    as shorthand. More than one ':' outside brackets is ambiguous (host:port
-    or an IPv6 address?), so it is an error, as in URLs."""
-    if not isinstance(value, str):
-        return value
-    if value.startswith("["):
-        match = re.fullmatch(r"\[([^\]]*)\](?::(\d{1,5}))?", value)
-        if match is None:
-            raise ValueError(f"{show(value)}: write an IPv6 address as [2001:db8::1]:22")
-        bracketed = {"address": f"[{match[1]}]"}
-        return bracketed if match[2] is None else {**bracketed, "port": int(match[2])}
-    if value.count(":") > 1:
-        raise ValueError(f"{show(value)}: put an IPv6 address in brackets: [2001:db8::1]:22")
-    host, sep, port = value.partition(":")
-    if not sep:
-        return {"address": value}
-    if not re.fullmatch(r"\d{1,5}", port):
-        raise ValueError(f"{show(value)}: the port after ':' must be a number")
-    return {"address": host, "port": int(port)}
-
-
-class SetupConfig(_Strict):
+class SetupConfig(Strict):
     """What `up` installs and syncs on every node."""
 
     # Where tfcluster keeps its venv, code and runs on a node: relative to
@@ -325,7 +160,7 @@ class SetupConfig(_Strict):
         return python
 
 
-class JobConfig(_Strict):
+class JobConfig(Strict):
     """The jobs: what `train` runs (flags on the command line override), and
     where and with what environment `run` and `exec` run the user's program."""
 
@@ -397,7 +232,7 @@ def _provider(value: Any) -> str:
     return str(value)
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(Strict):
     """A whole cluster.yaml."""
 
     # Names the cluster in GCE labels, firewall rules and local state.
@@ -407,10 +242,11 @@ class ClusterConfig(_Strict):
     nodes: list[str] = ["pc-1", "pc-2", "pc-3", "pc-4"]
     roles: Roles = Roles()
     ports: Ports = Ports()
-    gce: GceConfig = GceConfig()
+    # (A provider's own section, gce's or a plug-in's, is added under the
+    # provider's name by infra/config.py.)
     ssh: SshConfig = SshConfig()
     # provider ssh: node -> address, "address:port" or {address, port, internal_address}.
-    hosts: dict[str, Annotated[HostConfig, BeforeValidator(_host)]] = {}
+    hosts: dict[str, Annotated[HostConfig, BeforeValidator(host_shorthand)]] = {}
     setup: SetupConfig = SetupConfig()
     job: JobConfig = JobConfig()
     # Stop every node once no job task has run for this long (45s, 30m, 2h;

@@ -197,12 +197,7 @@ class Recovery:
     def watch(self, job: Job, dest: Path) -> tuple[int, Job]:
         """The chief's exit code at the end, and the job as it last ran."""
         while True:
-            failure: JobFailed | None = None
-            with _Watch(self.cluster, job, self.policy.poll_s, self.note):
-                try:
-                    code = self.cluster.watch(job, dest)
-                except JobFailed as exc:  # lost contact with the chief, say
-                    code, failure = -1, exc
+            code, failure = self._follow(job, dest)
             names = sorted({t.node for t in job.tasks})
             lost = lost_nodes(self.cluster.provider.non_terminated_nodes(), names)
             decision = decide(
@@ -211,52 +206,74 @@ class Recovery:
                 restarts=self.restarts,
                 max_restarts=self.policy.max_restarts,
             )
-            if decision.action == "done":
-                if decision.nodes:
-                    self.note(
-                        f"{_states({n: lost[n] for n in decision.nodes})} was lost during the "
-                        "job, which did without it; starting it again for the next job"
-                    )
-                    try:
-                        self._start(list(decision.nodes))
-                    except TfclusterError as exc:  # the job itself succeeded
-                        log.warning("could not start %s again: %s", ", ".join(decision.nodes), exc)
-                return code, job
-            if decision.action == "fail":
-                if failure is not None:
-                    raise failure
-                return code, job
-            if decision.action == "deleted":
-                raise StateError(
-                    f"{', '.join(decision.nodes)} no longer exists (deleted, not stopped): "
-                    "nothing to start again",
-                    hint="`deploy.py up` creates it; then `deploy.py train --resume` "
-                    "continues from the last checkpoint",
+            if decision.action != "restart":
+                return self._settle(decision, lost, code, failure), job
+            job = self._restart(job, lost, names)
+
+    def _follow(self, job: Job, dest: Path) -> tuple[int, JobFailed | None]:
+        """Follow one run of the job to its end, watching its nodes meanwhile:
+        the chief's exit code, or -1 and why the job could not be followed."""
+        with _Watch(self.cluster, job, self.policy.poll_s, self.note):
+            try:
+                return self.cluster.watch(job, dest), None
+            except JobFailed as exc:  # lost contact with the chief, say
+                return -1, exc
+
+    def _settle(
+        self, decision: Decision, lost: Mapping[str, str], code: int, failure: JobFailed | None
+    ) -> int:
+        """The end of the job, for any decision but a restart: its exit
+        code, or the error that says why it ends here."""
+        if decision.action == "done":
+            if decision.nodes:
+                self.note(
+                    f"{_states({n: lost[n] for n in decision.nodes})} was lost during the "
+                    "job, which did without it; starting it again for the next job"
                 )
-            if decision.action == "give_up":
-                raise JobFailed(
-                    f"{_states(lost)} lost again after {self.restarts} restart(s) "
-                    f"(job.max_restarts: {self.policy.max_restarts}); giving up",
-                    hint="the run folder and checkpoints are kept on the nodes: "
-                    "`deploy.py start`, then `deploy.py train --resume` continues",
-                )
-            self.restarts += 1
-            self.note(
-                f"{_states(lost)} was preempted or stopped; starting it again and restarting "
-                f"the job from its last checkpoint (restart {self.restarts} of "
-                f"{self.policy.max_restarts})"
+                try:
+                    self._start(list(decision.nodes))
+                except TfclusterError as exc:  # the job itself succeeded
+                    log.warning("could not start %s again: %s", ", ".join(decision.nodes), exc)
+            return code
+        if decision.action == "fail":
+            if failure is not None:
+                raise failure
+            return code
+        if decision.action == "deleted":
+            raise StateError(
+                f"{', '.join(decision.nodes)} no longer exists (deleted, not stopped): "
+                "nothing to start again",
+                hint="`deploy.py up` creates it; then `deploy.py train --resume` "
+                "continues from the last checkpoint",
             )
-            self._start(names)
-            if self._has_checkpoint(job):
-                self.spec = resumed(self.spec)
-            else:
-                # Lost before its first checkpoint: the trainer's --resume
-                # would refuse; it starts over (a program of yours decides
-                # for itself with TFCLUSTER_RESUME).
-                self.note("no checkpoint yet: the job starts over")
-            job = self.cluster.launch(
-                self.spec, workdir=self.workdir, on_event=self.on_event, on_log=self.on_log
-            )
+        # give_up: nodes lost again, and no restart left.
+        raise JobFailed(
+            f"{_states(lost)} lost again after {self.restarts} restart(s) "
+            f"(job.max_restarts: {self.policy.max_restarts}); giving up",
+            hint="the run folder and checkpoints are kept on the nodes: "
+            "`deploy.py start`, then `deploy.py train --resume` continues",
+        )
+
+    def _restart(self, job: Job, lost: Mapping[str, str], names: list[str]) -> Job:
+        """Start the lost nodes again, then the job: from its checkpoint
+        when it has one."""
+        self.restarts += 1
+        self.note(
+            f"{_states(lost)} was preempted or stopped; starting it again and restarting "
+            f"the job from its last checkpoint (restart {self.restarts} of "
+            f"{self.policy.max_restarts})"
+        )
+        self._start(names)
+        if self._has_checkpoint(job):
+            self.spec = resumed(self.spec)
+        else:
+            # Lost before its first checkpoint: the trainer's --resume
+            # would refuse; it starts over (a program of yours decides
+            # for itself with TFCLUSTER_RESUME).
+            self.note("no checkpoint yet: the job starts over")
+        return self.cluster.launch(
+            self.spec, workdir=self.workdir, on_event=self.on_event, on_log=self.on_log
+        )
 
     def _has_checkpoint(self, job: Job) -> bool:
         """Whether the built-in trainer left a checkpoint to resume from in

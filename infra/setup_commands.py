@@ -77,44 +77,20 @@ def install_command(layout: NodeLayout, plan: InstallPlan, wheelhouse: str | Non
     """The whole install as one bash script (``set -e``): python3-venv if
     missing, the venv, pip, setup.commands, the marker last. Prints
     ``@tfcluster`` fact lines (see ``parse_install``)."""
-    root = rpath(layout.root)
-    venv = rpath(f"{layout.root}/venv")
     vpy = rpath(layout.python)
-    reqs = rpath(f"{layout.root}/requirements.txt")
-    cons = rpath(f"{layout.root}/constraints.txt")
     py = shlex.quote(plan.python)
-    requirements = shlex.quote(plan.requirements.rstrip("\n"))
-    pip = f"{vpy} -m pip --disable-pip-version-check"
-    source = f"--no-index --find-links {rpath(wheelhouse)}" if wheelhouse else ""
-    # The package that must not sit beside the one we install: both ship
-    # the same `tensorflow` module.
-    other = "tensorflow-cpu" if plan.gpu else "tensorflow"
     lines = [
         "set -euo pipefail",
         'export H="$PWD"',
         f'say() {{ echo "{FACT}$*"; }}',
-        f"mkdir -p {root}",
+        f"mkdir -p {rpath(layout.root)}",
         # A half-done install must never look done: the marker goes first.
         f"rm -f {rpath(_marker(layout))}",
         f"if ! command -v {py} >/dev/null 2>&1; then",
         f"  echo {shlex.quote(f'no {plan.python} on this node (setup.python)')} >&2; exit 20",
         "fi",
-        *_venv_lines(plan, py, venv, vpy),
-        # One quoted word, not a heredoc: a requirements line equal to the
-        # heredoc's delimiter would end it and run the rest as commands.
-        f"printf '%s\\n' {requirements} > {reqs}",
-        f"printf '%s\\n' {shlex.quote(plan.constraints.rstrip(chr(10)))} > {cons}",
-        # (importlib.metadata answers in milliseconds; `pip show` takes a second)
-        *(
-            []
-            if plan.system_tf
-            else [
-                f"if {vpy} -c 'import importlib.metadata as m; m.version(\"{other}\")' "
-                f">/dev/null 2>&1; then {pip} uninstall -q -y {other}; fi"
-            ]
-        ),
-        f"{pip} install -q {source} -r {reqs} -c {cons}".replace("  ", " "),
-        "say pip installed",
+        *_venv_lines(plan, py, rpath(f"{layout.root}/venv"), vpy),
+        *_pip_lines(layout, plan, vpy, wheelhouse),
     ]
     for index, command in enumerate(plan.commands, 1):
         # Each in its own bash from the home folder: a `cd` in one does not
@@ -134,6 +110,38 @@ def install_command(layout: NodeLayout, plan: InstallPlan, wheelhouse: str | Non
         "say done",
     ]
     return "\n".join(lines)
+
+
+def _pip_lines(
+    layout: NodeLayout, plan: InstallPlan, vpy: str, wheelhouse: str | None
+) -> list[str]:
+    """Write the requirements and constraints on the node and install them
+    into the venv (from the uploaded wheelhouse, if any)."""
+    reqs = rpath(f"{layout.root}/requirements.txt")
+    cons = rpath(f"{layout.root}/constraints.txt")
+    requirements = shlex.quote(plan.requirements.rstrip("\n"))
+    pip = f"{vpy} -m pip --disable-pip-version-check"
+    source = f"--no-index --find-links {rpath(wheelhouse)}" if wheelhouse else ""
+    # The package that must not sit beside the one we install: both ship
+    # the same `tensorflow` module.
+    other = "tensorflow-cpu" if plan.gpu else "tensorflow"
+    return [
+        # One quoted word, not a heredoc: a requirements line equal to the
+        # heredoc's delimiter would end it and run the rest as commands.
+        f"printf '%s\\n' {requirements} > {reqs}",
+        f"printf '%s\\n' {shlex.quote(plan.constraints.rstrip(chr(10)))} > {cons}",
+        # (importlib.metadata answers in milliseconds; `pip show` takes a second)
+        *(
+            []
+            if plan.system_tf
+            else [
+                f"if {vpy} -c 'import importlib.metadata as m; m.version(\"{other}\")' "
+                f">/dev/null 2>&1; then {pip} uninstall -q -y {other}; fi"
+            ]
+        ),
+        f"{pip} install -q {source} -r {reqs} -c {cons}".replace("  ", " "),
+        "say pip installed",
+    ]
 
 
 def _venv_lines(plan: InstallPlan, py: str, venv: str, vpy: str) -> list[str]:

@@ -85,6 +85,21 @@ def connect_error(
             retry=True,
             auth=True,
         )
+    if (unreachable := _network_error(target, timeout, exc)) is not None:
+        return unreachable
+    if isinstance(exc, SSHException | EOFError):
+        return _Unreachable(
+            f"{node}: SSH handshake with {where} failed: {exc or type(exc).__name__}",
+            hint="sshd may still be starting (retry in a moment), or that port is not sshd",
+            retry=True,
+        )
+    return _Unreachable(f"{node}: cannot connect to {where}: {exc!r}", retry=False)
+
+
+def _network_error(target: SshTarget, timeout: float, exc: BaseException) -> _Unreachable | None:
+    """The error for a failure below SSH (the name, the route, the port);
+    None when ``exc`` is not one."""
+    node, address = target.node, f"{target.host}:{target.port}"
     if isinstance(exc, socket.gaierror):
         return _Unreachable(
             f"{node}: unknown host {target.host!r}: the name does not resolve",
@@ -97,7 +112,7 @@ def connect_error(
     )
     if refused:
         return _Unreachable(
-            f"{node}: connection refused at {target.host}:{target.port}: no sshd listens there",
+            f"{node}: connection refused at {address}: no sshd listens there",
             hint=(
                 "the machine may still be booting (wait and retry), sshd may be stopped, "
                 f"or the port is wrong (hosts.{node}.port / ssh.port)"
@@ -106,7 +121,7 @@ def connect_error(
         )
     if isinstance(exc, TimeoutError | socket.timeout):
         return _Unreachable(
-            f"{node}: timed out after {timeout:g} s connecting to {target.host}:{target.port}",
+            f"{node}: timed out after {timeout:g} s connecting to {address}",
             hint=(
                 "the machine is down or unreachable, or a firewall drops port "
                 f"{target.port}; a slow link needs a larger ssh.connect_timeout"
@@ -116,17 +131,11 @@ def connect_error(
     if isinstance(exc, NoValidConnectionsError | OSError) and not isinstance(exc, SSHException):
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return _Unreachable(
-            f"{node}: cannot reach {target.host}:{target.port}: {why}",
+            f"{node}: cannot reach {address}: {why}",
             hint="check that the machine is up and its address is right",
             retry=True,
         )
-    if isinstance(exc, SSHException | EOFError):
-        return _Unreachable(
-            f"{node}: SSH handshake with {where} failed: {exc or type(exc).__name__}",
-            hint="sshd may still be starting (retry in a moment), or that port is not sshd",
-            retry=True,
-        )
-    return _Unreachable(f"{node}: cannot connect to {where}: {exc!r}", retry=False)
+    return None
 
 
 def load_private_key(key_file: Path) -> paramiko.PKey:

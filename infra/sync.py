@@ -31,6 +31,7 @@ from typing import IO
 
 from infra.config import ClusterConfig
 from infra.errors import ConfigError, RemoteError
+from infra.providers import used_providers
 from infra.setup_commands import apply_command, compare_command, rel_to_base, rsync_args
 from infra.setup_facts import Comparison, SyncStats, parse_compare, parse_rsync
 from infra.transport import NodeLayout, Transport
@@ -152,11 +153,13 @@ def workdir_item(local: Path, remote: str, secrets: Iterable[Path] = ()) -> Sync
 
 def secret_paths(config: ClusterConfig) -> list[Path]:
     """The files the config names that must never leave this machine: the
-    service-account key and the SSH key (the filter itself always keeps
-    tfcluster's state folder back)."""
-    paths: list[Path] = []
-    if config.gce.credentials not in ("adc", "anonymous"):
-        paths.append(config.resolve(config.gce.credentials))
+    providers' (gce's service-account key) and the SSH key (the filter
+    itself always keeps tfcluster's state folder back)."""
+    paths = [
+        config.resolve(file)
+        for provider in used_providers(config)
+        for file in provider.secret_files(config)
+    ]
     if config.ssh.key_file:
         paths.append(config.resolve(config.ssh.key_file))
     return paths

@@ -57,6 +57,8 @@ GCE_INSTANCES = "infra/providers/gce/instances.py"
 GCE_ERRORS = "infra/providers/gce/errors.py"
 GCE_FIREWALL = "infra/providers/gce/firewall.py"
 T_GCE = "tests/test_gce_provider.py"
+SCHEMA = "infra/config_schema.py"
+GCE_CONFIG = "infra/providers/gce/config.py"
 T_DRIFT = "tests/test_firewall_drift.py"
 T_CONFIG = ("tests/test_config.py", "tests/test_config_inputs.py", "tests/test_config_sections.py")
 T_CMD = "tests/test_commands.py"
@@ -66,24 +68,25 @@ K_RETRY = "transient or keeps_failing or retry"
 
 MUTANTS: list[Mutant] = [
     # -- config strictness ------------------------------------------------------------------
-    m("config: unknown keys ignored everywhere", "infra/config_schema.py",
+    m("config: unknown keys ignored everywhere", "infra/config_base.py",
       'extra="forbid", frozen=True, strict=True',
       'extra="ignore", frozen=True, strict=True', *T_CONFIG),
-    m("config: lax types (steps: '10' is 10)", "infra/config_schema.py",
+    m("config: lax types (steps: '10' is 10)", "infra/config_base.py",
       'extra="forbid", frozen=True, strict=True',
       'extra="forbid", frozen=True, strict=False', *T_CONFIG),
     *[
-        m(f"config: {section} accepts unknown keys", "infra/config_schema.py",
-          f'class {cls}(_Strict):\n',
-          f'class {cls}(_Strict):\n    model_config = ConfigDict(extra="ignore", frozen=True)\n',
+        m(f"config: {section} accepts unknown keys", file,
+          f'class {cls}(Strict):\n',
+          f'class {cls}(Strict):\n    model_config = {{"extra": "ignore", "frozen": True}}\n',
           *T_CONFIG)
-        for section, cls in [
-            ("job", "JobConfig"), ("setup", "SetupConfig"), ("ssh", "SshConfig"),
-            ("ports", "Ports"), ("roles", "Roles"), ("gce", "GceConfig"),
-            ("hosts.<node>", "HostConfig"), ("gce.accelerator", "Accelerator"),
+        for section, cls, file in [
+            ("job", "JobConfig", SCHEMA), ("setup", "SetupConfig", SCHEMA),
+            ("ssh", "SshConfig", SCHEMA), ("ports", "Ports", SCHEMA), ("roles", "Roles", SCHEMA),
+            ("gce", "GceConfig", GCE_CONFIG), ("gce.accelerator", "Accelerator", GCE_CONFIG),
+            ("hosts.<node>", "HostConfig", "infra/config_hosts.py"),
         ]
     ],
-    m("config: privileged ports allowed", "infra/config_schema.py",
+    m("config: privileged ports allowed", "infra/config_base.py",
       "Port = Annotated[int, Field(ge=1024, le=65535)]",
       "Port = Annotated[int, Field(ge=1, le=65535)]", *T_CONFIG),
     # -- TF_CONFIG --------------------------------------------------------------------------

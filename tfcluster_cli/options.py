@@ -1,7 +1,8 @@
 """The options several ``deploy.py`` commands share, and the parsing of
 option values that is more than a click type: ``train``'s options that
 override cluster.yaml's ``job.*`` (their help shows the value in effect),
-``--no-recover``, ``--workdir``, durations and ``--env KEY=VALUE``.
+``--no-recover``, ``--workdir``, ``--detach``, ``--dest``, durations and
+``--env KEY=VALUE``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ workdir_option = click.option(
     help="The working folder synced to the nodes, where COMMAND runs (default: job.workdir, "
     "else the folder of cluster.yaml; without --config, the current folder).",
 )
+
+
+detach_option = click.option(
+    "--detach", is_flag=True, help="Start the job and return at once."
+)
+
+
+def dest_option(help: str) -> Any:
+    """``--dest FOLDER``: where a command brings results home."""
+    return click.option("--dest", type=click.Path(file_okay=False, path_type=Path), help=help)
+
+
+def env_pairs_option(help: str) -> Any:
+    """``--env KEY=VALUE``, repeatable, as ``env_pairs`` (``env_option`` parses them)."""
+    return click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help=help)
 
 
 def duration_option(key: str, text: str) -> int | None:

@@ -1,22 +1,25 @@
 """Live views of what runs: a job (``TrainView``: its line once launched,
-then the chief's events as a bar on a terminal, as lines otherwise) and a
+then the chief's events as a bar on a terminal, as lines otherwise), a
 sweep (``SweepView``: a live table of the trials, or a line per start and
-end). Where output is not a terminal nothing is redrawn: a log or CI gets
-plain lines.
+end), ``exec``'s lines (``ExecView``) and ``logs``' (``log_printer``).
+Where output is not a terminal nothing is redrawn: a log or CI gets plain
+lines.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
+from infra.errors import JobFailed
 from infra.job import Job
 from infra.jobrun import JobReporter
-from infra.progress import ProgressEvent, describe, metrics_text, number
+from infra.progress import ProgressEvent, describe, metrics_text, number, parse_line
 from infra.text import node_text
 from tfcluster_cli import consoles
 from tfcluster_cli.render import cell, params_text
@@ -191,3 +194,42 @@ class SweepView:
                 cells.append(cell(metric or "-"))
             table.add_row(*cells)
         return table
+
+
+class ExecView:
+    """``exec``'s output: each line as it comes, after its node's name (one
+    line at a time, whichever node's thread prints it); then the nodes where
+    the command failed, as one error."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def line(self, node: str, line: str) -> None:
+        with self.lock:
+            consoles.console.print(
+                f"{node} | {line}", markup=False, highlight=False, soft_wrap=True
+            )
+
+    @staticmethod
+    def check(codes: Mapping[str, int]) -> None:
+        """Raise ``JobFailed`` (the first failed node's exit code) unless
+        the command succeeded on every node."""
+        failed = {node: code for node, code in codes.items() if code != 0}
+        if failed:
+            raise JobFailed(
+                f"failed on {len(failed)} of {len(codes)} node(s): "
+                + ", ".join(f"{node} exit {code}" for node, code in failed.items()),
+                exit_code=next(iter(failed.values())),
+            )
+
+
+def log_printer(raw: bool) -> Callable[[str, str, str], None]:
+    """``logs``' line printer: node/task, then the line; the chief's progress
+    events as sentences unless ``raw``."""
+
+    def show(node: str, task: str, line: str) -> None:
+        event = None if raw else parse_line(line)
+        text = line if event is None else describe(event)
+        consoles.console.print(Text.assemble((f"{node}/{task}", "cyan"), " ", text), soft_wrap=True)
+
+    return show

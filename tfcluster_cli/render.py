@@ -1,31 +1,33 @@
-"""Data as the terminal shows it: the status table, the plan of ``up
---dry-run``, a job's outcome, the report of a sweep. Names, addresses,
-parameters and metric names are the user's or a node's text: every cell is
-``Text`` (never markup) and no terminal control gets through.
+"""Data as the terminal shows it: the status table, ``up``'s plan and
+outcome, ``down``'s plan, what the other commands did (stop, start,
+autostop, cancel, tensorboard), a job's outcome (``report``'s tables are
+reports.py). Names, addresses, parameters and metric names are the user's
+or a node's text: every cell is ``Text`` (never markup) and no terminal
+control gets through.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import click
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from infra.cluster import Cluster, NodeView
-from infra.errors import ConfigError
 from infra.facts import GpuReport
 from infra.jobrun import JobResult
-from infra.lifecycle import UpPlan
-from infra.progress import metrics_text, summary_text
+from infra.lifecycle import DownPlan, UpPlan
+from infra.progress import summary_text
 from infra.text import node_text
 from tfcluster_cli import consoles
 
 if TYPE_CHECKING:
-    from infra.report import Row, Run
+    from infra.job_spec import JobRecord
+    from infra.providers.base import Node
+    from infra.setup_report import SetupReport
+    from infra.tensorboard import Board
 
 
 def print_up_plan(cluster: Cluster, plan: UpPlan, skip_setup: bool) -> None:
@@ -54,6 +56,101 @@ def print_up_plan(cluster: Cluster, plan: UpPlan, skip_setup: bool) -> None:
             markup=False,
             soft_wrap=True,
         )
+
+
+def print_up_changes(plan: UpPlan) -> None:
+    """What ``up`` is about to change (create, start, wait for), before it does."""
+    if plan.changes:
+        for line in plan.lines():
+            if not line.startswith(("keep", "ensure")):
+                consoles.console.print(node_text(line), style="cyan", markup=False)
+
+
+def print_setup_event(node: str, what: str) -> None:
+    """One step of a node's setup, as ``up`` reaches it."""
+    consoles.console.print(f"  {node}: {node_text(what)}", markup=False)
+
+
+def print_up_outcome(
+    cluster: Cluster, plan: UpPlan, nodes: Sequence[Node], report: SetupReport | None
+) -> None:
+    """What ``up`` did: each node's setup, whether anything changed, the status."""
+    if report is not None:
+        for line in report.lines():
+            consoles.console.print(f"  {node_text(line)}", markup=False)
+    name = cluster.config.name
+    if not plan.changes and (report is None or not report.changed):
+        consoles.console.print(
+            f"{name}: all {len(nodes)} nodes already up; nothing to do", markup=False
+        )
+    else:
+        consoles.console.print(f"[green]{escape(name)} is up[/]: {len(nodes)} nodes running")
+    print_status(cluster)
+
+
+def print_down_plan(cluster: Cluster, plan: DownPlan) -> bool:
+    """``down``'s plan in the provider's words; False: nothing to take down."""
+    verb = cluster.provider.down_verb
+    if not plan.delete and not plan.shared:
+        consoles.console.print(f"nothing to {verb}", markup=False)
+        return False
+    consoles.console.print(f"down plan for {cluster.config.name}:", markup=False)
+    for line in plan.lines(verb):
+        consoles.console.print(f"  {node_text(line)}", markup=False, soft_wrap=True)
+    return True
+
+
+def print_down_done(cluster: Cluster) -> None:
+    consoles.console.print(
+        cluster.provider.down_done.format(name=cluster.config.name),
+        style="green",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def print_stopped(cluster: Cluster, stopped: Sequence[str]) -> None:
+    if stopped:
+        consoles.console.print(f"[green]stopped[/] {escape(node_text(', '.join(stopped)))}")
+    else:
+        consoles.console.print("nothing running; nothing to stop")
+    print_status(cluster)
+
+
+def print_started(cluster: Cluster, nodes: Sequence[Node]) -> None:
+    names = ", ".join(n.name for n in nodes)
+    consoles.console.print(f"[green]running[/]: {escape(node_text(names))}")
+    print_status(cluster)
+
+
+def print_autostop(after: int | None, nodes: Sequence[str]) -> None:
+    from infra.autostop import format_duration
+
+    what = f"stop after {format_duration(after)} idle" if after else "off"
+    consoles.console.print(f"autostop {what} on {', '.join(nodes)}", markup=False, soft_wrap=True)
+
+
+def print_cancelled(record: JobRecord, stopped: Sequence[str]) -> None:
+    if stopped:
+        consoles.console.print(
+            f"cancelled {record.run_id}: stopped {node_text(', '.join(stopped))}", markup=False
+        )
+    else:
+        consoles.console.print(
+            f"{record.run_id}: no task was running; nothing to stop", markup=False
+        )
+
+
+def print_tensorboard_starting(node: str) -> None:
+    consoles.console.print(f"starting TensorBoard on {node}...", markup=False)
+
+
+def print_tensorboard(board: Board) -> None:
+    consoles.console.print(
+        f"TensorBoard for {board.node}:{board.logdir} at {board.url} (Ctrl-C closes it)",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def print_status(cluster: Cluster, *, all_gpus: bool = False) -> None:
@@ -162,93 +259,5 @@ def print_job_outcome(result: JobResult) -> None:
         )
 
 
-def print_sweep_report(folder: Path, plot: Path | None, as_json: bool, metric: str | None) -> None:
-    from infra.report import ReportError
-    from infra.sweep_report import load_sweep, write_sweep_plot
-
-    try:
-        sweep_report = load_sweep(folder, metric)
-    except ReportError as exc:
-        raise ConfigError(str(exc)) from None
-    plot = write_sweep_plot(sweep_report, plot or folder / "report.png")
-    if as_json:
-        click.echo(json.dumps([r.as_dict() for r in sweep_report.rows], indent=2))
-        return
-    shown = sweep_report.metric
-    order = "higher" if sweep_report.higher_is_better else "lower"
-    title = f"sweep {sweep_report.sweep_id}"
-    if shown:
-        title += f": best {shown} ({order} is better)"
-    table = Table(title=Text(node_text(title)), title_justify="left")
-    for column in ("", "trial", *sweep_report.params, "state", "node", "seconds", "metrics"):
-        table.add_column(cell(column))
-    for r in sweep_report.rows:
-        metrics = dict(r.metrics)
-        if shown in metrics:  # the ranking metric first
-            metrics = {shown: metrics.pop(shown), **metrics}
-        table.add_row(
-            cell("*" if r.best else "", "bold green"),
-            cell(str(r.trial)),
-            *(cell(r.params.get(p, "-")) for p in sweep_report.params),
-            cell(r.state, "" if r.state == "done" else "red"),
-            cell(r.node),
-            cell(f"{r.seconds:.1f}" if r.seconds is not None else "-"),
-            cell(metrics_text(dict(list(metrics.items())[:3]), ".4g") or "-"),
-            style="bold" if r.best else "",
-        )
-    consoles.console.print(table)
-    best = sweep_report.best
-    if best is not None and shown:
-        consoles.console.print(
-            node_text(
-                f"best: trial {best.trial} ({params_text(best.params)}): "
-                f"{shown} {best.metrics[shown]:.4g}"
-            ),
-            markup=False,
-            soft_wrap=True,
-        )
-    consoles.console.print(f"plot: {plot}", markup=False)
-
-
 def params_text(params: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
-
-
-def print_run_comparison(runs: list[Run], rows: list[Row], plot: Path) -> None:
-    """``report`` of job run folders: their times, speedup and result
-    side by side, the speedup's caveat, each ensemble's gain."""
-    from infra.report import speedup_note
-    from infra.sweep_report import ensemble_text
-
-    table = Table(title="training time, compared", title_justify="left")
-    for column in ("run", "model", "mode", "workers", "steps", "seconds", "ex/s", "speedup"):
-        table.add_column(column)
-    table.add_column("result")
-    for r in rows:
-        # Text cells: folder names and summary fields are data, not markup.
-        table.add_row(
-            *(
-                cell(str(value))
-                for value in (
-                    r.run,
-                    r.model,
-                    r.mode,
-                    r.workers,
-                    r.steps,
-                    f"{r.training_seconds:.1f}",
-                    f"{r.examples_per_sec:.0f}",
-                    f"{r.speedup:.2f}x" if r.speedup is not None else "-",
-                    f"{r.metric} {r.value:.4f}" if r.metric and r.value is not None else "-",
-                )
-            )
-        )
-    consoles.console.print(table)
-    note = speedup_note(rows)
-    if note:
-        consoles.console.print(note, markup=False, soft_wrap=True)
-    for run in runs:
-        if (gain := ensemble_text(run.summary)) is not None:
-            consoles.console.print(
-                f"{run.path.name}: {node_text(gain)}", markup=False, soft_wrap=True
-            )
-    consoles.console.print(f"plot: {plot}", markup=False, soft_wrap=True)

@@ -11,7 +11,7 @@ of the provider (``NodeProvider``'s attributes and hooks), never of its name.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel
 
@@ -63,17 +63,24 @@ def provider_class(name: str) -> type[NodeProvider]:
     return NodeProvider
 
 
-def provider_sections(skip: tuple[str, ...] = ()) -> dict[str, type[BaseModel]]:
-    """cluster.yaml's sections the providers bring (``config_section``), by
-    provider name; the names in ``skip`` (ClusterConfig's own fields, such
-    as gce) are not asked, so validating a file imports no built-in cloud."""
+def provider_sections(names: Iterable[str]) -> dict[str, type[BaseModel]]:
+    """cluster.yaml's sections (``config_section``) of the providers
+    ``names``, by provider name. Only these are imported: config.py asks for
+    those a file uses, so validating a local cluster loads no cloud's code."""
     sections = {}
-    for name in PROVIDERS:
-        if name not in skip:
-            section = provider_class(name).config_section
-            if section is not None:
-                sections[name] = section
+    for name in names:
+        section = provider_class(name).config_section
+        if section is not None:
+            sections[name] = section
     return sections
+
+
+def used_providers(config: ClusterConfig) -> list[type[NodeProvider]]:
+    """The classes of the providers a validated config uses: the one it
+    names, then any other whose section it has (config.py added those)."""
+    sections = [n for n in type(config).model_fields if n not in ClusterConfig.model_fields]
+    others = [n for n in sections if n in PROVIDERS and n != config.provider]
+    return [provider_class(n) for n in [config.provider, *others]]
 
 
 def get_provider(config: ClusterConfig, state: ClusterState | None = None) -> NodeProvider:

@@ -196,8 +196,9 @@ class NodeProvider(ABC):
 
     #: The provider's own section of cluster.yaml, under its name (a strict
     #: pydantic model; every field with a default): config.py adds it to the
-    #: file's keys. None: no section (the built-in gce and ssh sections are
-    #: ClusterConfig's own fields).
+    #: file's keys when the file names this provider or has the key. None: no
+    #: section (ssh and hosts, which SSH transports and the config's checks
+    #: read too, are ClusterConfig's own fields).
     config_section: ClassVar[type[BaseModel] | None] = None
 
     def section(self) -> BaseModel | None:
@@ -214,6 +215,13 @@ class NodeProvider(ABC):
         (the key it is about, one line); None when it has what it needs.
         config.py asks it while validating the file."""
         return None
+
+    @classmethod
+    def secret_files(cls, config: ClusterConfig) -> list[str]:
+        """Files this provider's section names that must never leave this
+        machine (a service-account key), as cluster.yaml writes them: a
+        job's working folder is synced without them."""
+        return []
 
     @classmethod
     def gpus_per_node(cls, config: ClusterConfig) -> int:

@@ -27,6 +27,7 @@ from infra.errors import CredentialsError, ProviderError, TfclusterError
 from infra.keys import cluster_key
 from infra.providers.base import NodeProvider
 from infra.providers.gce._google import auth_exceptions, client_options, compute_v1, requests
+from infra.providers.gce.config import gce_config
 from infra.providers.gce.errors import _as_tfcluster_error, _OperationFailed, _transient
 from infra.providers.gce.parallel import (
     _R,
@@ -141,7 +142,7 @@ class GceApi(NodeProvider):
 
     def __init__(self, config: ClusterConfig, state: ClusterState) -> None:
         super().__init__(config, state)
-        self.gce = config.gce
+        self.gce = gce_config(config)
         self.network_tag = f"tfcluster-{config.name}"
         self.grpc_rule = f"tfcluster-{config.name}-grpc"
         self.ssh_rule = f"tfcluster-{config.name}-ssh"

@@ -24,8 +24,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.config import GceConfig
 from infra.errors import ConfigError
+from infra.providers.gce.config import GceConfig
 
 # GPUs that attach to an N1 VM (guestAccelerators), with the counts GCE allows.
 N1_GPUS: dict[str, tuple[int, ...]] = {

@@ -18,6 +18,7 @@ from infra.config import ClusterConfig
 from infra.errors import StateError
 from infra.providers.base import Node
 from infra.providers.gce import checks
+from infra.providers.gce.config import GceConfig, gce_config
 from infra.providers.gce.firewall import GceFirewall
 from infra.providers.gce.instances import GceInstances
 from infra.providers.gce.pricing import GcePricing
@@ -34,6 +35,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     """Compute Engine instances labelled ``tfcluster-cluster=<name>``."""
 
     kind = "gce"
+    config_section = GceConfig
     # An external IP goes back to Google's pool on stop or delete.
     ephemeral_addresses = True
 
@@ -94,8 +96,13 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     @classmethod
     def gpus_per_node(cls, config: ClusterConfig) -> int:
         """gce.accelerator's, or those of a G2/A2/A3 machine type."""
-        found = checks.gpus(config.gce)
+        found = checks.gpus(gce_config(config))
         return found[1] if found else 0
+
+    @classmethod
+    def secret_files(cls, config: ClusterConfig) -> list[str]:
+        credentials = gce_config(config).credentials
+        return [] if credentials in ("adc", "anonymous") else [credentials]
 
     def self_stop(self) -> str | None:
         # A guest shutdown leaves the instance TERMINATED: disks kept, no

@@ -1,0 +1,135 @@
+"""``report``: job run folders compared (times, speedup, result, a plot)
+or a sweep folder's trials ranked by a metric, as tables on the terminal
+or JSON rows. Folder names, parameters and metric names are data: every
+cell is ``Text``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from infra.errors import ConfigError
+from infra.progress import metrics_text
+from infra.text import node_text
+from tfcluster_cli import consoles
+from tfcluster_cli.render import cell, params_text
+
+if TYPE_CHECKING:
+    from infra.report import Row, Run
+
+
+def print_report(
+    run_dirs: tuple[str, ...], plot: Path | None, as_json: bool, metric: str | None
+) -> None:
+    """Runs compared, or, given one sweep folder, its trials."""
+    from infra.report import ReportError, compute_rows, load_runs, write_plot
+    from infra.sweep_report import is_sweep
+
+    if len(run_dirs) == 1 and is_sweep(run_dirs[0]):
+        print_sweep_report(Path(run_dirs[0]), plot, as_json, metric)
+        return
+    plot = plot or Path("report.png")
+    try:
+        runs = load_runs(run_dirs)
+    except ReportError as exc:
+        raise ConfigError(str(exc)) from None
+    rows = compute_rows(runs)
+    write_plot(runs, plot)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        return
+    print_run_comparison(runs, rows, plot)
+
+
+def print_sweep_report(folder: Path, plot: Path | None, as_json: bool, metric: str | None) -> None:
+    from infra.report import ReportError
+    from infra.sweep_report import load_sweep, write_sweep_plot
+
+    try:
+        sweep_report = load_sweep(folder, metric)
+    except ReportError as exc:
+        raise ConfigError(str(exc)) from None
+    plot = write_sweep_plot(sweep_report, plot or folder / "report.png")
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in sweep_report.rows], indent=2))
+        return
+    shown = sweep_report.metric
+    order = "higher" if sweep_report.higher_is_better else "lower"
+    title = f"sweep {sweep_report.sweep_id}"
+    if shown:
+        title += f": best {shown} ({order} is better)"
+    table = Table(title=Text(node_text(title)), title_justify="left")
+    for column in ("", "trial", *sweep_report.params, "state", "node", "seconds", "metrics"):
+        table.add_column(cell(column))
+    for r in sweep_report.rows:
+        metrics = dict(r.metrics)
+        if shown in metrics:  # the ranking metric first
+            metrics = {shown: metrics.pop(shown), **metrics}
+        table.add_row(
+            cell("*" if r.best else "", "bold green"),
+            cell(str(r.trial)),
+            *(cell(r.params.get(p, "-")) for p in sweep_report.params),
+            cell(r.state, "" if r.state == "done" else "red"),
+            cell(r.node),
+            cell(f"{r.seconds:.1f}" if r.seconds is not None else "-"),
+            cell(metrics_text(dict(list(metrics.items())[:3]), ".4g") or "-"),
+            style="bold" if r.best else "",
+        )
+    consoles.console.print(table)
+    best = sweep_report.best
+    if best is not None and shown:
+        consoles.console.print(
+            node_text(
+                f"best: trial {best.trial} ({params_text(best.params)}): "
+                f"{shown} {best.metrics[shown]:.4g}"
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
+    consoles.console.print(f"plot: {plot}", markup=False)
+
+
+def print_run_comparison(runs: list[Run], rows: list[Row], plot: Path) -> None:
+    """``report`` of job run folders: their times, speedup and result
+    side by side, the speedup's caveat, each ensemble's gain."""
+    from infra.report import speedup_note
+    from infra.sweep_report import ensemble_text
+
+    table = Table(title="training time, compared", title_justify="left")
+    for column in ("run", "model", "mode", "workers", "steps", "seconds", "ex/s", "speedup"):
+        table.add_column(column)
+    table.add_column("result")
+    for r in rows:
+        # Text cells: folder names and summary fields are data, not markup.
+        table.add_row(
+            *(
+                cell(str(value))
+                for value in (
+                    r.run,
+                    r.model,
+                    r.mode,
+                    r.workers,
+                    r.steps,
+                    f"{r.training_seconds:.1f}",
+                    f"{r.examples_per_sec:.0f}",
+                    f"{r.speedup:.2f}x" if r.speedup is not None else "-",
+                    f"{r.metric} {r.value:.4f}" if r.metric and r.value is not None else "-",
+                )
+            )
+        )
+    consoles.console.print(table)
+    note = speedup_note(rows)
+    if note:
+        consoles.console.print(note, markup=False, soft_wrap=True)
+    for run in runs:
+        if (gain := ensemble_text(run.summary)) is not None:
+            consoles.console.print(
+                f"{run.path.name}: {node_text(gain)}", markup=False, soft_wrap=True
+            )
+    consoles.console.print(f"plot: {plot}", markup=False, soft_wrap=True)
