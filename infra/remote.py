@@ -1,9 +1,10 @@
 """``SshTransport``: the nodes' shell over SSH (providers ssh and gce).
 
 Commands run with Fabric (one cached connection per node, reopened when it
-drops); long-running ones (``tail -F``) are streamed over a raw channel so
-each line reaches the caller as it arrives; files move with SFTP, or with
-rsync over the very same SSH settings when both ends have it.
+drops); long-running ones (``tail -F``) are streamed over a raw channel
+(``infra/ssh_stream.py``) so each line reaches the caller as it arrives;
+files move with SFTP, or with rsync over the very same SSH settings when
+both ends have it.
 
 Every connection trusts only the cluster's pinned host keys
 (``infra/hostkeys.py``); what a fetch lets a node write here is checked in
@@ -23,7 +24,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +40,7 @@ from infra.fanout import fan_out
 from infra.fetch import fetch_staged, rsync_fetch_args, sftp_fetch
 from infra.hostkeys import SSH_HOST_KEY_REFUSED, forget_host, host_key_changed, known_hosts_name
 from infra.ssh_connections import SshConnections, SshTarget
+from infra.ssh_stream import follow
 from infra.state import ClusterState
 from infra.transport import CommandResult, NodeLayout, Transport, free_local_port
 
@@ -51,54 +52,6 @@ log = logging.getLogger("tfcluster")
 # a traceback at ERROR; each failure reaches the user once, as a RemoteError
 # with its fix, so its own log is kept to what is fatal.
 logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
-
-
-class _Liveness:
-    """Tells a quiet connection from a dead one while a stream waits.
-
-    A node that stops (or loses its network) without closing the TCP
-    connection leaves nothing to read and nothing to fail: keepalives sit
-    in the send buffer for the kernel's retransmission timeout (many
-    minutes). After ``QUIET_S`` without output, a keepalive that asks for a
-    reply goes out on a thread; no reply within ``REPLY_S`` means the node
-    is gone.
-    """
-
-    QUIET_S = 15.0
-    REPLY_S = 15.0
-
-    def __init__(self, transport: paramiko.Transport) -> None:
-        self.transport = transport
-        self.last = time.monotonic()
-        self.probe: threading.Thread | None = None
-        self.probe_sent = 0.0
-
-    def heard(self) -> None:
-        self.last = time.monotonic()
-
-    def silent_s(self) -> float:
-        return time.monotonic() - self.last
-
-    def check(self) -> bool:
-        """False once the node has not answered a probe in time."""
-        now = time.monotonic()
-        if self.probe is not None:
-            if not self.probe.is_alive():
-                self.probe = None
-                self.last = now  # it answered
-            elif now - self.probe_sent > self.REPLY_S:
-                return False
-            return True
-        if now - self.last > self.QUIET_S:
-            self.probe_sent = now
-            self.probe = threading.Thread(
-                target=self.transport.global_request,
-                args=("keepalive@openssh.com",),
-                kwargs={"wait": True},
-                daemon=True,
-            )
-            self.probe.start()
-        return True
 
 
 class SshTransport(Transport):
@@ -222,82 +175,14 @@ class SshTransport(Transport):
     ) -> int:
         conn = self.connection(node)
         assert conn.transport is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            chan = conn.transport.open_session()
-        except (SSHException, OSError, EOFError) as exc:
-            self._drop(node)
-            raise RemoteError(f"{node}: lost the SSH connection: {exc}") from None
-        stderr: list[bytes] = []
-
-        def drain_stderr() -> None:
-            # stdout and stderr share one flow-control window: an unread
-            # stderr would stall stdout. Keep only its tail, for errors.
-            while True:
-                data = chan.recv_stderr(32768)
-                if not data:
-                    return
-                stderr.append(data)
-                del stderr[:-16]
-
-        try:
-            chan.exec_command(self.wrap(command))
-            chan.shutdown_write()
-            reader = threading.Thread(target=drain_stderr, daemon=True)
-            reader.start()
-            self._read_lines(node, chan, conn.transport, on_line, deadline, timeout)
-            if not chan.exit_status_ready() and not conn.transport.is_active():
-                raise RemoteError(f"{node}: lost the SSH connection while following the output")
-            chan.settimeout(None)
-            code = chan.recv_exit_status()
-            reader.join(1.0)
-            if code == -1 and not conn.transport.is_active():
-                raise RemoteError(f"{node}: lost the SSH connection while following the output")
-            return code
-        except (SSHException, OSError, EOFError) as exc:
-            self._drop(node)
-            raise RemoteError(f"{node}: lost the SSH connection: {exc}") from None
-        finally:
-            chan.close()
-
-    def _read_lines(
-        self,
-        node: str,
-        chan: paramiko.Channel,
-        transport: paramiko.Transport,
-        on_line: Callable[[str], None],
-        deadline: float | None,
-        timeout: float | None,
-    ) -> None:
-        """``on_line`` with each stdout line of ``chan`` until it ends (or
-        the connection does); a node that stops answering is an error."""
-        buffer = b""
-        chan.settimeout(0.5)
-        liveness = _Liveness(transport)
-        while True:
-            if deadline is not None and time.monotonic() > deadline:
-                raise RemoteError(f"{node}: command timed out after {timeout:g} s")
-            try:
-                data = chan.recv(65536)
-            except TimeoutError:
-                if not transport.is_active():
-                    break
-                if not liveness.check():
-                    self._drop(node)
-                    raise RemoteError(
-                        f"{node}: no answer for {liveness.silent_s():.0f} s: the node "
-                        "stopped or the network to it is down"
-                    ) from None
-                continue
-            if not data:
-                break
-            liveness.heard()
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                on_line(line.decode("utf-8", "replace").rstrip("\r"))
-        if buffer:
-            on_line(buffer.decode("utf-8", "replace").rstrip("\r"))
+        return follow(
+            node,
+            conn.transport,
+            self.wrap(command),
+            on_line,
+            timeout=timeout,
+            drop=lambda: self._drop(node),
+        )
 
     def run_all(
         self, commands: Mapping[str, str], *, timeout: float | None = None
@@ -310,7 +195,6 @@ class SshTransport(Transport):
         return done.results
 
     # -- files --------------------------------------------------------------------
-
 
     def upload(self, node: str, local: Path | bytes, remote_path: str) -> None:
         """Write a local file (or bytes) to ``remote_path`` (relative to home)."""

@@ -10,7 +10,9 @@ Each entry names the module that implements it on the TensorFlow side
 (imported only by the trainer, only when it trains):
 
 * a model: ``Model(...)`` below and a module under ``trainer/models/`` with
-  ``create_task(config) -> Task`` (``trainer/models/base.py``). Two files.
+  ``create_task(config) -> Task`` (``trainer/models/base.py``). Two files;
+  its own command-line options (``trainer/options.py``) are listed in its
+  entry, and it reads them from ``config.options``.
 * a mode: ``Mode(...)`` below and a module under ``trainer/modes/`` with
   ``MODE``, a ``TrainingMode`` (``trainer/modes/base.py``). Two files; a
   third (``trainer/distribute.py``) only for a kind of strategy none of
@@ -19,7 +21,17 @@ Each entry names the module that implements it on the TensorFlow side
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from trainer.options import (
+    Check,
+    Option,
+    RunCheck,
+    positive_float,
+    positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -38,17 +50,91 @@ class Model:
     # Its final held-out figure: (metrics.jsonl's training metric of the same
     # kind, summary.json key, label), or None.
     final_metric: tuple[str, str, str] | None = None
+    # Its own command-line options: flags of every run (the same Option in
+    # two models' entries is one flag), in ``Config.options`` by key.
+    options: tuple[Option, ...] = ()
+    # Its options' values among themselves: checked whichever model trains.
+    check_options: Check | None = None
+    # Checked when it trains: its options against the run's steps.
+    check_run: RunCheck | None = None
 
 
 _ACCURACY = ("accuracy", "test_accuracy", "test accuracy")
 _PSNR = ("psnr", "psnr_reconstructed", "test PSNR")
 
+_AE = "denoising autoencoders (dae, sdae)"
+NOISES = ("gaussian", "masking")
+_DENOISING = (
+    Option("patch", positive_int, 8, "patch side in pixels", group=_AE),
+    Option("stride", positive_int, 4, "pixels between patches", group=_AE),
+    Option("noise", str, "gaussian", choices=NOISES, group=_AE),
+    Option(
+        "noise-level",
+        positive_float,
+        0.3,
+        "gaussian: standard deviation; masking: fraction of pixels zeroed",
+        group=_AE,
+    ),
+    Option("hidden", positive_int, 256, "(first) hidden layer", group=_AE),
+)
+_STACKED = (
+    *_DENOISING,
+    Option(
+        "width-factor",
+        positive_float,
+        2.0,
+        "sdae: the second hidden layer is this many times wider than the first",
+        group=_AE,
+    ),
+    Option(
+        "pretrain-steps",
+        positive_int,
+        help="sdae: greedy pretraining steps per layer (default a quarter of the steps each)",
+        group=_AE,
+    ),
+)
+
+
+def _check_patches(values: Mapping[str, Any]) -> str | None:
+    if values["patch"] > 28:
+        return f"--patch {values['patch']} is larger than the 28-pixel images"
+    if values["stride"] > values["patch"]:
+        return "--stride larger than --patch would leave pixels out of every patch"
+    if values["noise"] == "masking" and values["noise_level"] >= 1:
+        return "--noise-level for masking noise is a fraction below 1"
+    return None
+
+
+def _check_pretraining(values: Mapping[str, Any], steps: int | None) -> str | None:
+    if steps is None:
+        return None
+    pretrain = values["pretrain_steps"] or max(1, steps // 4)
+    if 2 * pretrain >= steps:
+        return f"--pretrain-steps {pretrain} for both layers leaves no fine-tuning in {steps} steps"
+    return None
+
+
 # The source material's CNN used 1e-4 for 20,000 steps; tfcluster's runs are short.
 _MODELS = (
     Model("cnn", "trainer.models.classifier", 1e-3, True, True, _ACCURACY),
     Model("convnet", "trainer.models.classifier", 1e-3, True, True, _ACCURACY),
-    Model("dae", "trainer.models.dae", 3e-3, final_metric=_PSNR),
-    Model("sdae", "trainer.models.sdae", 3e-3, final_metric=_PSNR),
+    Model(
+        "dae",
+        "trainer.models.dae",
+        3e-3,
+        final_metric=_PSNR,
+        options=_DENOISING,
+        check_options=_check_patches,
+    ),
+    Model(
+        "sdae",
+        "trainer.models.sdae",
+        3e-3,
+        final_metric=_PSNR,
+        options=_STACKED,
+        check_options=_check_patches,
+        check_run=_check_pretraining,
+    ),
 )
 MODEL_SPECS: dict[str, Model] = {m.name: m for m in _MODELS}
 MODELS = tuple(MODEL_SPECS)
@@ -105,6 +191,8 @@ class Mode:
     workers_serve: bool = False
     # Takes --mixed-precision.
     mixed_precision: bool = True
+    # Its own command-line options, as a model's (``Model.options``).
+    options: tuple[Option, ...] = ()
 
     @property
     def needs_ps(self) -> bool:
@@ -126,6 +214,16 @@ _MODES = (
         workers_serve=True,
         # Loss scaling would keep its scale on the ps and skip steps there.
         mixed_precision=False,
+        options=(
+            Option(
+                "overlap",
+                default=False,
+                help="async: compute each step while the ps applies the previous one: hides "
+                "the update and the transfers where a worker has its own machine, but each "
+                "worker's gradients are one more update stale",
+                switch=True,
+            ),
+        ),
     ),
     Mode(
         "sync",
@@ -142,6 +240,14 @@ _MODES = (
         "trainer.modes.average",
         "parameter averaging every --average-every steps",
         COLLECTIVE,
+        options=(
+            Option(
+                "average-every",
+                positive_int,
+                10,
+                "average mode: local steps between parameter averages",
+            ),
+        ),
     ),
     Mode(
         "single",
@@ -175,3 +281,23 @@ def mode(name: str) -> Mode:
         raise ValueError(
             f"unknown mode {name!r}; expected one of {', '.join(MODE_NAMES)}"
         ) from None
+
+
+def options() -> tuple[Option, ...]:
+    """Every mode's and model's own options, each once, in catalog order
+    (modes first); two different options of one name are a ValueError."""
+    found: dict[str, Option] = {}
+    entries: list[Model | Mode] = [*MODES.values(), *MODEL_SPECS.values()]
+    for entry in entries:
+        for option in entry.options:
+            if found.setdefault(option.key, option) != option:
+                raise ValueError(
+                    f"{entry.name}: option --{option.name} is declared differently "
+                    "by another model or mode; declare it once and share it"
+                )
+    return tuple(found.values())
+
+
+def option_defaults() -> dict[str, Any]:
+    """``Config.options`` when no flag is given."""
+    return {option.key: option.default for option in options()}

@@ -197,56 +197,88 @@ def run_async(
     the round is planned again from the global step. Reading the global step
     is also the health check of the ps: if that fails, training fails.
     """
+    scheduler = _Scheduler(coordinator, iterator, monitor, step_variable, per_call, in_flight)
+    start = scheduler.global_step()
+    for run in runs:
+        scheduler.train_phase(run, start)
+    return scheduler.global_step()
 
-    def global_step() -> int:
-        return int(np.asarray(step_variable.numpy()))
 
-    def collect(result: Any, end: int) -> None:
+class _Scheduler:
+    """``run_async``'s rounds: closures scheduled, results collected, the
+    global step read back from the ps."""
+
+    def __init__(
+        self,
+        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+        iterator: object,
+        monitor: Monitor,
+        step_variable: tf.Variable,
+        per_call: int,
+        in_flight: int,
+    ) -> None:
+        self.coordinator = coordinator
+        self.iterator = iterator
+        self.monitor = monitor
+        self.step_variable = step_variable
+        self.per_call = per_call
+        self.in_flight = in_flight
+
+    def global_step(self) -> int:
+        return int(np.asarray(self.step_variable.numpy()))
+
+    def train_phase(self, run: PhaseRun, start: int) -> None:
+        """Rounds until the global step reaches the phase's end (``start``:
+        the run's first step, which a round runs alone)."""
+        end = run.phase.end
+        step = self.global_step()
+        if step >= end:
+            return
+        self.monitor.enter(run.phase, step)
+        limit = tf.constant(end, tf.int64)
+        failed_rounds = 0
+        while step < end:
+            try:
+                self.round(run, step, limit, first=step == start)
+            except WORKER_LOST as e:
+                print(f"trainer: a worker failed, rescheduling: {_first_line(e)}", flush=True)
+            before, step = step, self.global_step()
+            failed_rounds = 0 if step > before else failed_rounds + 1
+            if failed_rounds > MAX_FAILED_ROUNDS:
+                raise TrainingFailed(f"no worker made progress in {MAX_FAILED_ROUNDS} rounds")
+        self.monitor.reached(step, phase_end=True)
+
+    def round(self, run: PhaseRun, step: int, limit: tf.Tensor, *, first: bool) -> None:
+        """Closures for the steps from ``step`` to the phase's end, at most
+        ``in_flight`` of them unfetched at a time; returns once all are in."""
+        end = run.phase.end
+        pending: deque[Any] = deque()
+        sizes = plan_calls(step, end, self.per_call, ())
+        for k in first_step_alone(sizes) if first else sizes:
+            args = (self.iterator, tf.constant(k, tf.int64), limit)
+            pending.append(self.coordinator.schedule(run.call, args=args))
+            while len(pending) > self.in_flight:
+                self.collect(pending.popleft(), end)
+        if first and pending:
+            # The run's first result (one step), as soon as it is in, not
+            # when the whole round is: it ends the start-up.
+            self.collect(pending.popleft(), end)
+        self.coordinator.join()
+        while pending:
+            self.collect(pending.popleft(), end)
+
+    def collect(self, result: Any, end: int) -> None:
         try:
-            monitor.add(result.fetch())
+            self.monitor.add(result.fetch())
         except WORKER_LOST as e:
             print(f"trainer: lost a closure's result with its worker: {_first_line(e)}", flush=True)
-        step = global_step()
+        step = self.global_step()
         # The global step runs ahead of the results fetched so far: once it
         # reached the phase's end, the closures still in flight hold that
         # end's last steps, and the end is logged once, when all are in
         # (logged here too, it came twice: the second row 0 steps later).
         if step < end:
-            monitor.reached(step)
-
-    start = global_step()
-    for run in runs:
-        end = run.phase.end
-        step = global_step()
-        if step >= end:
-            continue
-        monitor.enter(run.phase, step)
-        limit = tf.constant(end, tf.int64)
-        failed_rounds = 0
-        while step < end:
-            pending: deque[Any] = deque()
-            sizes = plan_calls(step, end, per_call, ())
-            try:
-                for k in first_step_alone(sizes) if step == start else sizes:
-                    args = (iterator, tf.constant(k, tf.int64), limit)
-                    pending.append(coordinator.schedule(run.call, args=args))
-                    while len(pending) > in_flight:
-                        collect(pending.popleft(), end)
-                if step == start and pending:
-                    # The run's first result (one step), as soon as it is
-                    # in, not when the whole round is: it ends the start-up.
-                    collect(pending.popleft(), end)
-                coordinator.join()
-                while pending:
-                    collect(pending.popleft(), end)
-            except WORKER_LOST as e:
-                print(f"trainer: a worker failed, rescheduling: {_first_line(e)}", flush=True)
-            before, step = step, global_step()
-            failed_rounds = 0 if step > before else failed_rounds + 1
-            if failed_rounds > MAX_FAILED_ROUNDS:
-                raise TrainingFailed(f"no worker made progress in {MAX_FAILED_ROUNDS} rounds")
-        monitor.reached(step, phase_end=True)
-    return global_step()
+            self.monitor.reached(step)
 
 
 def _first_line(error: BaseException) -> str:

@@ -210,7 +210,47 @@ def overlapped_calls(
 ) -> Callable[[object, tf.Tensor, tf.Tensor], CallResult]:
     """``call(iterator, k, limit)`` for async mode with one replica per
     worker: up to ``k`` steps of ``phase``, each step's gradients computed
-    while the ps applies the previous step's.
+    while the ps applies the previous step's (``_Overlapped`` says how and
+    what it costs). The last step of a call is applied before the call
+    returns, so a finished closure leaves all of its steps on the ps.
+    """
+    if strategy.num_replicas_in_sync != 1:
+        raise ValueError("overlapped steps need one replica per worker")
+    parts = _Overlapped(strategy, phase, optimizer, variables, step, jit)
+
+    @tf.function
+    def call(iterator: object, k: tf.Tensor, limit: tf.Tensor) -> CallResult:
+        loss_sum = tf.constant(0.0)
+        sums = {name: tf.constant(0.0) for name in phase.metric_names}
+        done = tf.constant(0, tf.int64)
+        values = parts.local(strategy.run(parts.read))
+        pending = [tf.zeros_like(v) for v in phase.variables]
+        has_pending = tf.constant(False)
+        for _ in tf.range(k):
+            if step < limit:
+                batch = next(iterator)  # type: ignore[call-overload]
+                # The previous step's update and this step's computation
+                # share no data: the update (on the ps) and the computation
+                # (here) run at the same time. The condition stays outside
+                # strategy.run, where an optimizer update is not supported.
+                if has_pending:
+                    strategy.run(parts.apply, args=(pending,))
+                loss, metrics, pending, values = parts.local(
+                    strategy.run(parts.compute_step, args=(batch, values))
+                )
+                has_pending = tf.constant(True)
+                loss_sum += loss
+                sums = {name: sums[name] + metrics[name] for name in sums}
+                done += 1
+        if has_pending:
+            strategy.run(parts.apply, args=(pending,))
+        return loss_sum, sums, done
+
+    return call
+
+
+class _Overlapped:
+    """The pieces of an overlapped step, traced into ``overlapped_calls``'s call.
 
     Done one after the other, as ``train_calls`` does, a step is: read the
     parameters from the ps, compute, send the gradients, wait while the ps
@@ -224,66 +264,50 @@ def overlapped_calls(
     sharing 2 cores, no gain and a lower accuracy after 300 steps (0.964
     and 0.982 against 0.986 twice): hence opt-in (``--overlap``), for
     workers on machines of their own and networks slower than loopback.
-    The last step of a call is applied before the call returns, so a
-    finished closure leaves all of its steps on the ps.
 
     A step counts in the global step when its gradients are computed: the
     guard against ``limit`` must see the step still being applied, or every
     worker would overshoot the phase by one. A worker that dies mid-call
     loses that one counted update, as a plain step's gradients die with it.
     """
-    if strategy.num_replicas_in_sync != 1:
-        raise ValueError("overlapped steps need one replica per worker")
-    compute = gradient_fn(phase, variables, jit)
 
-    def local(structure: Any) -> Any:
-        return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], structure)
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        phase: Phase,
+        optimizer: keras.optimizers.Optimizer,
+        variables: Sequence[keras.Variable],
+        step: tf.Variable,
+        jit: bool,
+    ) -> None:
+        self.strategy = strategy
+        self.phase = phase
+        self.optimizer = optimizer
+        self.variables = variables
+        self.step = step
+        self.compute = gradient_fn(phase, variables, jit)
 
-    def read() -> list[tf.Tensor]:
-        return read_values(variables)
+    def local(self, structure: Any) -> Any:
+        """The one replica's values of a per-replica ``structure``."""
+        return tf.nest.map_structure(
+            lambda t: self.strategy.experimental_local_results(t)[0], structure
+        )
 
-    def apply(grads: list[tf.Tensor]) -> None:
+    def read(self) -> list[tf.Tensor]:
+        return read_values(self.variables)
+
+    def apply(self, grads: list[tf.Tensor]) -> None:
         # Gradients carried through the loop have lost their device, which
         # the optimizer's (here trivial) cross-replica sum needs: an identity
         # under the replica's device scope gives it back without a copy.
-        optimizer.apply([tf.identity(g) for g in grads], phase.variables)
+        self.optimizer.apply([tf.identity(g) for g in grads], self.phase.variables)
 
     def compute_step(
-        batch: Batch, values: list[tf.Tensor]
+        self, batch: Batch, values: list[tf.Tensor]
     ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
-        loss, grads, metrics = compute(values, batch, tf.constant(NO_SCALING))
-        step.assign_add(1)
+        loss, grads, metrics = self.compute(values, batch, tf.constant(NO_SCALING))
+        self.step.assign_add(1)
         # TensorFlow's automatic control dependencies order this read after
         # the update applied just before (same variables): the next step
         # computes on it.
-        return loss, metrics, grads, read()
-
-    @tf.function
-    def call(iterator: object, k: tf.Tensor, limit: tf.Tensor) -> CallResult:
-        loss_sum = tf.constant(0.0)
-        sums = {name: tf.constant(0.0) for name in phase.metric_names}
-        done = tf.constant(0, tf.int64)
-        values = local(strategy.run(read))
-        pending = [tf.zeros_like(v) for v in phase.variables]
-        has_pending = tf.constant(False)
-        for _ in tf.range(k):
-            if step < limit:
-                batch = next(iterator)  # type: ignore[call-overload]
-                # The previous step's update and this step's computation
-                # share no data: the update (on the ps) and the computation
-                # (here) run at the same time. The condition stays outside
-                # strategy.run, where an optimizer update is not supported.
-                if has_pending:
-                    strategy.run(apply, args=(pending,))
-                loss, metrics, pending, values = local(
-                    strategy.run(compute_step, args=(batch, values))
-                )
-                has_pending = tf.constant(True)
-                loss_sum += loss
-                sums = {name: sums[name] + metrics[name] for name in sums}
-                done += 1
-        if has_pending:
-            strategy.run(apply, args=(pending,))
-        return loss_sum, sums, done
-
-    return call
+        return loss, metrics, grads, self.read()

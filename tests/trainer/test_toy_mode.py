@@ -1,7 +1,8 @@
 """The recipe for a new model and a new mode, followed from here: a toy
-model and a toy mode, registered in the catalog by this test alone (their
-implementations are in this file), train in-process through the trainer's
-own ``run`` and leave a run folder like any other run's."""
+model (with a command-line option of its own) and a toy mode, registered in
+the catalog by this test alone (their implementations are in this file),
+train in-process through the trainer's own flags and ``run`` and leave a run
+folder like any other run's."""
 
 from __future__ import annotations
 
@@ -19,23 +20,31 @@ import tensorflow as tf
 from infra.progress import parse_line
 from trainer import catalog
 from trainer.data import Split
-from trainer.flags import Config
+from trainer.flags import Config, parse_args
 from trainer.inputs import index_batches
 from trainer.models.base import Batch, Evaluation, Phase
 from trainer.modes.base import TrainingMode
+from trainer.options import Option, non_negative_int
 from trainer.progress import Progress
 
 # -- the model: this module's create_task, named by its catalog entry ----------
 
 
 class ToyTask:
-    """A linear classifier of MNIST digits."""
+    """A classifier of MNIST digits: linear, or with one hidden layer of
+    ``--toy-hidden`` units (its own option)."""
 
     name = "toy"
 
+    def __init__(self, config: Config) -> None:
+        self.hidden: int = config.options["toy_hidden"]
+        self.dense_layers = 0
+
     def build_model(self) -> keras.Model:
-        model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10)])
+        hidden = [keras.layers.Dense(self.hidden, activation="relu")] if self.hidden else []
+        model = keras.Sequential([keras.layers.Flatten(), *hidden, keras.layers.Dense(10)])
         model(tf.zeros([1, 28, 28, 1]))  # every variable now, in the caller's scope
+        self.dense_layers = sum(isinstance(x, keras.layers.Dense) for x in model.layers)
         return model
 
     def phases(self, model: keras.Model, total_steps: int) -> list[Phase]:
@@ -69,11 +78,11 @@ class ToyTask:
         return Evaluation(results={"test_accuracy": float((predicted == test.labels).mean())})
 
     def describe(self) -> dict[str, Any]:
-        return {"layers": 1}
+        return {"layers": self.dense_layers, "hidden": self.hidden}
 
 
 def create_task(config: Config) -> ToyTask:
-    return ToyTask()
+    return ToyTask(config)
 
 
 # -- the mode: this module's MODE, named by its catalog entry ------------------
@@ -97,7 +106,12 @@ MODE = ToyMode
 # -- the registration: each one entry in trainer/catalog.py --------------------
 
 TOY_MODEL = catalog.Model(
-    "toy", __name__, 1e-2, classifier=True, final_metric=("accuracy", "test_accuracy", "accuracy")
+    "toy",
+    __name__,
+    1e-2,
+    classifier=True,
+    final_metric=("accuracy", "test_accuracy", "accuracy"),
+    options=(Option("toy-hidden", non_negative_int, 0, "toy: hidden units (0: linear)"),),
 )
 TOY_MODE = catalog.Mode(
     "toy", ("chief",), "one process, counting calls", __name__, "toy", catalog.LOCAL
@@ -116,19 +130,12 @@ def test_a_toy_model_trains_in_a_toy_mode(
     from trainer.run import run
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFCLUSTER_REQUIRE_GPU", raising=False)
     output = tmp_path / "run"
-    config = Config(
-        model="toy",
-        mode="toy",
-        steps=30,
-        batch_size=32,
-        learning_rate=TOY_MODEL.learning_rate,
-        output_dir=str(output),
-        data_dir=str(mnist_dir),
-        checkpoint_every=10,
-        log_every=10,
-        steps_per_call=5,
-    )
+    argv = "--model toy --mode toy --steps 30 --batch-size 32 --checkpoint-every 10"
+    argv += " --log-every 10 --steps-per-call 5 --toy-hidden 16"
+    config = parse_args([*argv.split(), "--output-dir", str(output), "--data-dir", str(mnist_dir)])
+    assert config.learning_rate == TOY_MODEL.learning_rate  # the model's default
     out = io.StringIO()
     run(config, Progress(out))
 
@@ -137,10 +144,24 @@ def test_a_toy_model_trains_in_a_toy_mode(
     assert (summary["workers"], summary["ps"]) == (1, 0)
     # The first call is one step alone, then calls of 5 ending on every 10th.
     assert summary["toy_calls"] == 1 + 6
-    assert summary["model_settings"] == {"layers": 1}
+    assert summary["model_settings"] == {"layers": 2, "hidden": 16}  # its option, used
     assert summary["test_accuracy"] > 0.5  # a linear model learns some digits in 30 steps
     lines = [json.loads(x) for x in (output / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [10, 20, 30]
     assert (output / "loss.png").exists() and (output / "checkpoints" / "checkpoint").exists()
     events = [parse_line(line) for line in out.getvalue().splitlines()]
     assert [e.kind for e in events if e is not None][-1] == "done"
+
+
+def test_a_toy_model_option_is_a_flag_of_the_trainer(
+    registered: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parse_args([]).options["toy_hidden"] == 0  # the declared default
+    assert Config().options["toy_hidden"] == 0
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", "toy", "--toy-hidden", "-1"])
+    assert exit_info.value.code == 2
+    assert "argument --toy-hidden: must be 0 or more, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "toy: hidden units (0: linear)" in capsys.readouterr().out

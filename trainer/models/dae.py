@@ -68,13 +68,14 @@ class DenoisingTask:
 
     def __init__(self, config: Config) -> None:
         self.name = config.model
-        self.patch = config.patch
-        self.stride = config.stride
-        self.noise = config.noise
-        self.noise_level = config.noise_level
-        self.hidden = config.hidden
-        self.corners = windows(SIDE, SIDE, config.patch, config.stride)
-        self.inputs = config.patch * config.patch
+        # Its own options, declared in its catalog.py entry.
+        self.patch: int = config.options["patch"]
+        self.stride: int = config.options["stride"]
+        self.noise: str = config.options["noise"]
+        self.noise_level: float = config.options["noise_level"]
+        self.hidden: int = config.options["hidden"]
+        self.corners = windows(SIDE, SIDE, self.patch, self.stride)
+        self.inputs = self.patch * self.patch
 
     def corrupt(self, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         return corrupt(x, self.noise, self.noise_level, seed)

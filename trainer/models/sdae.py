@@ -45,8 +45,8 @@ class StackedDenoisingAutoencoder(keras.Model):
 class StackedDenoisingTask(DenoisingTask):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.wide = max(1, round(config.hidden * config.width_factor))
-        self.pretrain_steps = config.pretrain_steps
+        self.wide = max(1, round(config.options["hidden"] * config.options["width_factor"]))
+        self.pretrain_steps = config.options["pretrain_steps"]
 
     def build_model(self) -> keras.Model:
         model = StackedDenoisingAutoencoder(self.inputs, self.hidden, self.wide, name=self.name)

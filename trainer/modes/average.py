@@ -43,11 +43,11 @@ class AverageMode(CollectiveMode):
         return iter(self.dataset_fn(task, data_dir, start)(context))
 
     def extra_marks(self) -> list[int]:
-        return [self.config.average_every]
+        return [self.config.options["average_every"]]
 
     def after_call(self) -> Callable[[int, bool], None] | None:
         """Average every ``--average-every`` steps and at each phase's end."""
-        average, every = self.before_save, self.config.average_every
+        average, every = self.before_save, self.config.options["average_every"]
         assert average is not None, "prepare() makes the averager"
 
         def after_call(step: int, phase_end: bool) -> None:
@@ -57,7 +57,7 @@ class AverageMode(CollectiveMode):
         return after_call
 
     def summary(self) -> dict[str, Any]:
-        return {"average_every": self.config.average_every}
+        return {"average_every": self.config.options["average_every"]}
 
 
 MODE = AverageMode

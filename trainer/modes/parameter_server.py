@@ -61,7 +61,7 @@ class AsyncMode(TrainingMode):
     @property
     def overlapped(self) -> bool:
         """--overlap with one replica per worker."""
-        return self.config.overlap and self.strategy.num_replicas_in_sync == 1
+        return bool(self.config.options["overlap"]) and self.strategy.num_replicas_in_sync == 1
 
     def calls(self, phase: Phase, optimizer: keras.optimizers.Optimizer, state: State) -> Call:
         """Overlapped with the ps's updates (``--overlap``), else step by
