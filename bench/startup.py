@@ -50,6 +50,7 @@ neighbours in time). Target: the compose overhead at most 1.5x the local one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -203,7 +204,12 @@ def compose_cluster(say: Callable[[str], None]) -> Iterator[None]:
     runs; else started with `make cluster-up` and taken down again with
     `make cluster-down` (whatever happens in the block)."""
     label = f"label=com.docker.compose.project={COMPOSE_PROJECT}"
-    found = subprocess.run(["docker", "ps", "-q", "-f", label], capture_output=True, text=True)
+    try:
+        found = subprocess.run(
+            ["docker", "ps", "-q", "-f", label], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        raise SystemExit("--compose: no `docker` command here; it needs Docker") from None
     if found.returncode != 0:
         raise SystemExit(f"--compose: docker does not answer: {found.stderr.strip()}")
     running = len(found.stdout.split())
@@ -224,9 +230,13 @@ def compose_cluster(say: Callable[[str], None]) -> Iterator[None]:
     try:
         _make("cluster-up", "cluster-image")  # the image is there: no rebuild check
         yield
-    finally:
-        _make("cluster-down")
-        say("compose cluster: down again")
+    except BaseException:
+        # Down again, but the error shown is the one that ended the block.
+        with contextlib.suppress(SystemExit):
+            _make("cluster-down")
+        raise
+    _make("cluster-down")
+    say("compose cluster: down again")
 
 
 def compose_up(config: Path) -> None:

@@ -231,9 +231,13 @@ def follow_log(layout: NodeLayout, task: str) -> str:
             # (kill -0) takes the task's zombie for a live process (see
             # group_alive); alive_pid does not. This shell reaps the watcher
             # at once. -s: how often tail looks whether the watcher still
-            # runs (default 1 s): the end of a job is seen within 0.2 s.
+            # runs (default 1 s): the end of a job is seen within 0.4 s.
             'if [ -n "$p" ]; then',
-            f'  ( while [ -n "$(alive_pid {pid})" ]; do sleep 0.1; done ) & w=$!',
+            # The watcher also ends with this shell ($$ is still its pid in
+            # the subshell): a follow cut off (Ctrl-C, a dropped SSH session)
+            # leaves nothing polling on the node.
+            f'  ( while [ -n "$(alive_pid {pid})" ] && kill -0 $$ 2>/dev/null; do sleep 0.2; '
+            "done ) & w=$!",
             f'  tail -n +1 -F -s 0.2 --pid="$w" {log} 2>/dev/null',
             f"else cat {log} 2>/dev/null; fi",
             f'echo "@tfcluster-exit $(cat {exit_file} 2>/dev/null || echo -)"',

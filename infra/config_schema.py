@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from infra.config_base import Port, Strict, show
@@ -254,6 +254,20 @@ class ClusterConfig(Strict):
     autostop: Annotated[int | None, BeforeValidator(_autostop)] = None
     # Folder of this file; relative paths in it are resolved from here. Set by load_config.
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, data: Any) -> Any:
+        # `gce:` with every key under it commented out is YAML's null: the
+        # section's defaults, as if it were left out, not "not a dictionary".
+        if not isinstance(data, dict):
+            return data
+        sections = {
+            name
+            for name, field in cls.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        }
+        return {k: {} if v is None and k in sections else v for k, v in data.items()}
 
     @field_validator("name")
     @classmethod

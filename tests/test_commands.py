@@ -159,6 +159,40 @@ def test_a_task_left_as_a_zombie_is_not_waited_for(
     assert not runs(pid)
 
 
+def test_a_follow_cut_off_leaves_nothing_polling(node: tuple[Path, NodeLayout]) -> None:
+    # A Ctrl-C or a dropped SSH session kills the follow's shell: its tail
+    # and its watcher must end with it, not poll until the task ends.
+    home, layout = node
+    bash(home, start(layout, "chief-0", ["sleep:120"], {}))
+    follow = subprocess.Popen(
+        ["bash", "-c", commands.follow_log(layout, "chief-0")],
+        cwd=home, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert follow.stdout is not None
+    assert follow.stdout.readline().strip() == "hello from sleep"
+
+    def followers() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            text = " ".join(a.decode(errors="replace") for a in argv)
+            ours = str(home) in text or str(layout.logs) in text
+            if ours and ("alive_pid" in text or argv[0].endswith(b"tail")):
+                found.append(text[:80])
+        return found
+
+    assert followers()
+    follow.kill()
+    follow.wait()
+    deadline = time.monotonic() + 10
+    while followers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert followers() == []
+
+
 def test_killed_task_has_no_exit_code(node: tuple[Path, NodeLayout]) -> None:
     home, layout = node
     bash(home, start(layout, "chief-0", ["sleep:60"], {}))

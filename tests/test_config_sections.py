@@ -71,3 +71,13 @@ def _types(annotation: Any) -> list[Any]:
     if origin is not None:
         out += _types(origin)
     return out
+
+
+@pytest.mark.parametrize("section", ["ssh", "job", "setup", "gce"])
+def test_a_section_with_every_key_commented_out_is_its_defaults(section: str) -> None:
+    # `gce:` followed only by comments is YAML's null, not a mistake.
+    config = parse_config(
+        {"name": "x", "provider": "gce" if section == "gce" else "local", section: None},
+        source="c.yaml",
+    )
+    assert getattr(config, section) == type(getattr(config, section))()

@@ -43,3 +43,24 @@ def test_credentials_keys_and_state_are_never_sent(
     plain = sorted(p.relative_to(work).as_posix() for p in workdir_item(work, "w").files())
     assert "service-account.json" in plain and "keys/id_ed25519" in plain
     assert ".ssh/id_rsa" not in plain
+
+
+def test_a_leftover_gce_section_still_keeps_its_key_out_on_another_provider(
+    tmp_path: Path,
+) -> None:
+    # The file was switched to provider ssh, its gce section (and the key
+    # file it names) left in place: the key is still a secret.
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "sa.json").write_text('{"private_key": "SECRET"}')
+    config_file = work / "cluster.yaml"
+    hosts = ", ".join(f"pc-{i}: 10.0.0.{i}" for i in range(1, 5))
+    config_file.write_text(
+        f"name: x\nprovider: ssh\nhosts: {{{hosts}}}\ngce: {{credentials: sa.json}}\n"
+    )
+    item = workdir_item(work, "tfcluster/work", secret_paths(load_config(config_file)))
+    assert sorted(p.relative_to(work).as_posix() for p in item.files()) == [
+        "cluster.yaml",
+        "train.py",
+    ]

@@ -72,11 +72,20 @@ def _mutation() -> Iterator[None]:
 
 
 def _settle(timeout: float) -> None:
-    """Until no mutating call is on the wire (at most ``timeout`` seconds)."""
+    """Until no mutating call is on the wire (at most ``timeout`` seconds).
+    Said, since it may take a while; a second Ctrl-C leaves at once (timed
+    waits: a SIGINT that the kernel hands to a worker thread only sets a
+    flag the main thread checks when it runs again)."""
+    deadline = time.monotonic() + timeout
     with _mutations:
         if _mutations_in_flight:
-            log.debug("interrupted: waiting for %d calls already sent", _mutations_in_flight)
-        _mutations.wait_for(lambda: _mutations_in_flight == 0, timeout)
+            log.warning(
+                "interrupted: waiting for %d API call(s) already sent to be answered "
+                "(Ctrl-C again to leave now)",
+                _mutations_in_flight,
+            )
+        while _mutations_in_flight and (left := deadline - time.monotonic()) > 0:
+            _mutations.wait(min(0.2, left))
 
 
 def _pause(seconds: float) -> None:
