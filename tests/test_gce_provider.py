@@ -730,6 +730,38 @@ def test_ctrl_c_mid_create_returns_only_once_the_creates_already_sent_are_answer
     assert "pc-4" in {i["name"] for i in fake_gce.instances()}
 
 
+def test_a_second_ctrl_c_leaves_without_waiting_for_the_calls_already_sent(
+    provider: GceProvider,
+) -> None:
+    # The first Ctrl-C waits for a mutating call on the wire (here one that
+    # hangs); a second one leaves at once, even when the kernel hands it to
+    # a worker thread rather than the main one.
+    from infra.providers.gce.parallel import _mutation
+
+    main = threading.get_ident()
+    release = threading.Event()
+    hanging = threading.Event()
+
+    def work(item: int) -> None:
+        if item == 0:
+            with _mutation():
+                hanging.set()
+                release.wait(60)
+            return
+        hanging.wait(10)
+        signal.pthread_kill(main, signal.SIGINT)  # the first Ctrl-C
+        time.sleep(1.0)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # the second, here
+
+    began = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            provider._parallel(work, [0, 1])
+        assert time.monotonic() - began < 20  # not the settle's 70 s
+    finally:
+        release.set()
+
+
 def test_ctrl_c_while_the_batch_is_still_starting_stops_what_already_started(
     provider: GceProvider,
 ) -> None:
