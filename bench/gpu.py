@@ -64,6 +64,7 @@ MODELS = ("convnet", "cnn")
 BATCH = {"convnet": 1024, "cnn": 256}
 TARGET_MODEL = "cnn"
 CHILD_TIMEOUT_S = 3600
+CHILDREN = Path(__file__).with_name("gpu_children.py")  # the code run in each TensorFlow
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class Sizes:
     target_modes: tuple[str, ...] = ("single", "sync")  # trainer modes timed to the target
 
 
-# -- child processes (each its own TensorFlow) ---------------------------------
+# -- child processes (each its own TensorFlow: bench/gpu_children.py) -----------------------------
 
 
 def child_env(cpu: bool, **extra: str) -> dict[str, str]:
@@ -101,9 +102,9 @@ def child_env(cpu: bool, **extra: str) -> dict[str, str]:
 
 
 def run_child(kind: str, spec: dict[str, Any], cpu: bool) -> dict[str, Any]:
-    """Run ``bench/gpu.py --child KIND`` and return the JSON of its last line."""
+    """Run ``bench/gpu_children.py KIND SPEC`` and return the JSON of its last line."""
     out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--spec", json.dumps(spec)],
+        [sys.executable, str(CHILDREN), kind, json.dumps(spec)],
         env=child_env(cpu),
         capture_output=True,
         text=True,
@@ -113,151 +114,6 @@ def run_child(kind: str, spec: dict[str, Any], cpu: bool) -> dict[str, Any]:
         raise RuntimeError(f"{kind} child failed ({out.returncode}):\n{out.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
-
-
-def child_probe(_: dict[str, Any]) -> dict[str, Any]:
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    details = [
-        tf.config.experimental.get_device_details(g).get("device_name", g.name) for g in gpus
-    ]
-    return {"gpus": details, "cuda": tf.test.is_built_with_cuda(), "tf": tf.__version__}
-
-
-def keras_model(model: str, mixed: bool) -> Any:
-    """The trainer's architecture as plain Keras layers."""
-    import keras
-
-    from trainer.models.classifier import ARCHITECTURES
-
-    keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
-    arch = ARCHITECTURES[model]
-    layers: list[Any] = [keras.Input((28, 28, 1))]
-    for filters, kernel, pool in arch.convs:
-        layers.append(keras.layers.Conv2D(filters, kernel, padding="same", activation="relu"))
-        if pool:
-            layers.append(keras.layers.MaxPooling2D(2))
-    layers.append(keras.layers.Flatten())
-    for units in arch.dense:
-        layers += [keras.layers.Dense(units, activation="relu"), keras.layers.Dropout(arch.dropout)]
-    # float32 logits under mixed precision, as the trainer casts its own.
-    layers.append(keras.layers.Dense(10, dtype="float32"))
-    return keras.Sequential(layers)
-
-
-def child_keras(spec: dict[str, Any]) -> dict[str, Any]:
-    """Throughput of Keras fit, then (with a target) a fresh model's
-    training time to the target accuracy."""
-    import contextlib
-
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    from trainer import accelerators
-    from trainer.data import load_split, resolve_data_dir
-
-    data_dir = resolve_data_dir(spec["data_dir"])
-    train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
-    x = train.images[..., None].astype(np.float32) / 255.0
-    y = train.labels.astype(np.int32)
-    x_test = test.images[..., None].astype(np.float32) / 255.0
-    gpus = tf.config.list_logical_devices("GPU")
-    strategy = tf.distribute.MirroredStrategy() if len(gpus) > 1 else None
-    replicas = strategy.num_replicas_in_sync if strategy else 1
-    batch = spec["batch_size"] * replicas
-    data = (
-        tf.data.Dataset.from_tensor_slices((x, y))
-        .shuffle(len(y), seed=1)
-        .repeat()
-        .batch(batch, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-
-    def compiled() -> Any:
-        with strategy.scope() if strategy else contextlib.nullcontext():
-            model = keras_model(spec["model"], spec["mixed"])
-            model.compile(
-                keras.optimizers.Adam(1e-3),
-                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=spec["xla"],
-            )
-        return model
-
-    keras.utils.set_random_seed(1)
-    model = compiled()
-    model.fit(data, steps_per_epoch=spec["warmup"], epochs=1, verbose=0)
-    timed = spec["steps"] - spec["warmup"]
-    start = time.perf_counter()
-    model.fit(data, steps_per_epoch=timed, epochs=1, verbose=0)
-    result: dict[str, Any] = {
-        "examples_per_sec": timed * batch / (time.perf_counter() - start),
-        "gpu_memory_peak_bytes": accelerators.memory_peaks(),
-    }
-    if spec.get("target"):
-        del model
-        keras.utils.set_random_seed(1)
-        model = compiled()
-        predict = tf.function(lambda images: model(images, training=False))
-
-        class ToTarget(keras.callbacks.Callback):
-            def __init__(self) -> None:
-                super().__init__()
-                self.seconds, self.steps, self.accuracy = 0.0, 0, 0.0
-                self.reached: dict[str, float] | None = None
-
-            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-                self.began = time.perf_counter()
-
-            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-                self.seconds += time.perf_counter() - self.began  # evaluation not counted
-                self.steps += spec["eval_every"]
-                predicted = np.concatenate(
-                    [
-                        predict(x_test[i : i + 1000]).numpy().argmax(-1)
-                        for i in range(0, len(x_test), 1000)
-                    ]
-                )
-                hits = int((predicted == test.labels).sum())
-                self.accuracy = hits / len(x_test)
-                if self.accuracy >= spec["target"]:
-                    self.reached = {"seconds": self.seconds, "steps": self.steps}
-                    self.model.stop_training = True
-
-        callback = ToTarget()
-        model.fit(
-            data,
-            steps_per_epoch=spec["eval_every"],
-            epochs=spec["max_steps"] // spec["eval_every"],
-            callbacks=[callback],
-            verbose=0,
-        )
-        result["to_target"] = callback.reached
-        result["last_accuracy"] = callback.accuracy
-    return result
-
-
-def child_eval(spec: dict[str, Any]) -> dict[str, Any]:
-    """Test accuracy of every checkpoint of a trainer run, by step."""
-    import tensorflow as tf
-
-    from trainer.data import load_split, resolve_data_dir
-    from trainer.models.classifier import ClassifierTask
-
-    test = load_split(resolve_data_dir(spec["data_dir"]), "test")
-    task = ClassifierTask(spec["model"])
-    model = task.build_model()
-    checkpoint = tf.train.Checkpoint(model=model)
-    accuracy = {}
-    for path in tf.train.get_checkpoint_state(spec["checkpoints"]).all_model_checkpoint_paths:
-        checkpoint.restore(path).expect_partial()
-        step = int(path.rsplit("-", 1)[1])
-        accuracy[step] = task.evaluate(model, test, 1).results["test_accuracy"]
-    return {"accuracy": accuracy}
-
-
-CHILDREN = {"probe": child_probe, "keras": child_keras, "eval": child_eval}
 
 
 # -- the trainer's jobs ------------------------------------------------------------
@@ -367,75 +223,104 @@ def gib(peaks: dict[str, int] | None) -> float | None:
     return sum(peaks.values()) / 2**30 if peaks else None
 
 
-def bench(
-    settings: list[Setting], sizes: Sizes, data_dir: str, gpus: int, cpu: bool, root: Path
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Run:
+    """What every set-up of one benchmark run shares."""
+
+    sizes: Sizes
+    data_dir: str
+    gpus: int
+    cpu: bool
+    root: Path  # the trainer's output folders
+
+
+def bench(settings: list[Setting], run: Run) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for setting in settings:
-        batch = sizes.batch[setting.model]
-        target = setting.model == TARGET_MODEL
-        spec = {
-            "model": setting.model, "mixed": setting.mixed, "xla": setting.xla,
-            "batch_size": batch, "steps": sizes.steps, "warmup": sizes.warmup,
-            "data_dir": data_dir, "eval_every": sizes.eval_every, "max_steps": sizes.max_steps,
-            "target": sizes.target if target else None,
-        }  # fmt: skip
-        print(f"bench: {setting.name}: keras fit", file=sys.stderr, flush=True)
-        with Utilisation() as util:
-            keras = run_child("keras", spec, cpu)
-        base = keras["examples_per_sec"]
-        rows.append(
-            {
-                "setup": "keras_fit", **asdict(setting), "batch_per_gpu": batch,
-                "examples_per_sec": base, "vs_keras_fit": 1.0,
-                "gpu_memory_peak_gib": gib(keras["gpu_memory_peak_bytes"]),
-                "gpu_utilisation": util.mean,
-                "seconds_to_target": (keras.get("to_target") or {}).get("seconds"),
-                "steps_to_target": (keras.get("to_target") or {}).get("steps"),
-            }
-        )  # fmt: skip
+        keras = keras_row(setting, run)
+        rows.append(keras)
         for mode in ("single", "sync"):
-            name = f"{setting.model}-{mode}-mp{int(setting.mixed)}-xla{int(setting.xla)}"
-            print(f"bench: {setting.name}: trainer {mode}", file=sys.stderr, flush=True)
-            with Utilisation() as util:
-                summary = run_trainer(
-                    mode, setting,
-                    ["--steps", str(sizes.steps), "--batch-size", str(batch),
-                     "--log-every", str(sizes.warmup), "--checkpoint-every", "0",
-                     "--data-dir", data_dir],
-                    root / name, gpus, cpu,
-                )  # fmt: skip
-            row = {
-                "setup": f"trainer_{mode}", **asdict(setting), "batch_per_gpu": batch,
-                "examples_per_sec": summary["steady_examples_per_sec"],
-                "vs_keras_fit": summary["steady_examples_per_sec"] / base,
-                "gpu_memory_peak_gib": gib(summary.get("gpu_memory_peak_bytes")),
-                "gpu_utilisation": util.mean,
-                "devices": summary.get("devices"),
-                "seconds_to_target": None, "steps_to_target": None,
-            }  # fmt: skip
-            if target and mode in sizes.target_modes:
-                print(f"bench: {setting.name}: trainer {mode} to target", file=sys.stderr)
-                output = root / f"{name}-target"
-                run_trainer(
-                    mode, setting,
-                    ["--steps", str(sizes.max_steps), "--batch-size", str(batch),
-                     "--log-every", str(sizes.eval_every),
-                     "--checkpoint-every", str(sizes.eval_every), "--keep-checkpoints", "0",
-                     "--data-dir", data_dir],
-                    output, gpus, cpu,
-                )  # fmt: skip
-                spec = {"model": setting.model, "data_dir": data_dir,
-                        "checkpoints": str(output / "checkpoints")}  # fmt: skip
-                accuracy = {int(k): v for k, v in run_child("eval", spec, cpu)["accuracy"].items()}
-                elapsed = elapsed_by_step(output)
-                reached = sorted(s for s, a in accuracy.items() if a >= sizes.target)
-                if reached:
-                    row["steps_to_target"] = reached[0]
-                    row["seconds_to_target"] = elapsed[reached[0]]
-                row["last_accuracy"] = accuracy[max(accuracy)]
-            rows.append(row)
+            rows.append(trainer_row(setting, mode, run, keras["examples_per_sec"]))
     return rows
+
+
+def keras_row(setting: Setting, run: Run) -> dict[str, Any]:
+    """Keras fit's throughput and (for the target model) time to the target."""
+    sizes = run.sizes
+    batch = sizes.batch[setting.model]
+    spec = {
+        "model": setting.model, "mixed": setting.mixed, "xla": setting.xla,
+        "batch_size": batch, "steps": sizes.steps, "warmup": sizes.warmup,
+        "data_dir": run.data_dir, "eval_every": sizes.eval_every, "max_steps": sizes.max_steps,
+        "target": sizes.target if setting.model == TARGET_MODEL else None,
+    }  # fmt: skip
+    print(f"bench: {setting.name}: keras fit", file=sys.stderr, flush=True)
+    with Utilisation() as util:
+        keras = run_child("keras", spec, run.cpu)
+    return {
+        "setup": "keras_fit", **asdict(setting), "batch_per_gpu": batch,
+        "examples_per_sec": keras["examples_per_sec"], "vs_keras_fit": 1.0,
+        "gpu_memory_peak_gib": gib(keras["gpu_memory_peak_bytes"]),
+        "gpu_utilisation": util.mean,
+        "seconds_to_target": (keras.get("to_target") or {}).get("seconds"),
+        "steps_to_target": (keras.get("to_target") or {}).get("steps"),
+    }  # fmt: skip
+
+
+def trainer_row(setting: Setting, mode: str, run: Run, keras_speed: float) -> dict[str, Any]:
+    """The trainer's throughput in ``mode`` against Keras fit's, and (for the
+    target model in a target mode) its time to the target."""
+    sizes = run.sizes
+    batch = sizes.batch[setting.model]
+    name = f"{setting.model}-{mode}-mp{int(setting.mixed)}-xla{int(setting.xla)}"
+    print(f"bench: {setting.name}: trainer {mode}", file=sys.stderr, flush=True)
+    with Utilisation() as util:
+        summary = run_trainer(
+            mode, setting,
+            ["--steps", str(sizes.steps), "--batch-size", str(batch),
+             "--log-every", str(sizes.warmup), "--checkpoint-every", "0",
+             "--data-dir", run.data_dir],
+            run.root / name, run.gpus, run.cpu,
+        )  # fmt: skip
+    row = {
+        "setup": f"trainer_{mode}", **asdict(setting), "batch_per_gpu": batch,
+        "examples_per_sec": summary["steady_examples_per_sec"],
+        "vs_keras_fit": summary["steady_examples_per_sec"] / keras_speed,
+        "gpu_memory_peak_gib": gib(summary.get("gpu_memory_peak_bytes")),
+        "gpu_utilisation": util.mean,
+        "devices": summary.get("devices"),
+        "seconds_to_target": None, "steps_to_target": None,
+    }  # fmt: skip
+    if setting.model == TARGET_MODEL and mode in sizes.target_modes:
+        row.update(trainer_to_target(setting, mode, run, run.root / f"{name}-target"))
+    return row
+
+
+def trainer_to_target(setting: Setting, mode: str, run: Run, output: Path) -> dict[str, Any]:
+    """A trainer run that keeps a checkpoint every ``eval_every`` steps, each
+    evaluated after it: the steps and elapsed training time at the first that
+    reaches the target (none if none does), and the last one's accuracy."""
+    sizes = run.sizes
+    print(f"bench: {setting.name}: trainer {mode} to target", file=sys.stderr)
+    run_trainer(
+        mode, setting,
+        ["--steps", str(sizes.max_steps), "--batch-size", str(sizes.batch[setting.model]),
+         "--log-every", str(sizes.eval_every),
+         "--checkpoint-every", str(sizes.eval_every), "--keep-checkpoints", "0",
+         "--data-dir", run.data_dir],
+        output, run.gpus, run.cpu,
+    )  # fmt: skip
+    spec = {"model": setting.model, "data_dir": run.data_dir,
+            "checkpoints": str(output / "checkpoints")}  # fmt: skip
+    accuracy = {int(k): v for k, v in run_child("eval", spec, run.cpu)["accuracy"].items()}
+    elapsed = elapsed_by_step(output)
+    reached = sorted(s for s, a in accuracy.items() if a >= sizes.target)
+    found: dict[str, Any] = {}
+    if reached:
+        found["steps_to_target"] = reached[0]
+        found["seconds_to_target"] = elapsed[reached[0]]
+    found["last_accuracy"] = accuracy[max(accuracy)]
+    return found
 
 
 def goals(rows: list[dict[str, Any]], target: float) -> dict[str, bool | None]:
@@ -490,7 +375,7 @@ def model_list(text: str) -> list[str]:
     return names
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=model_list, default=list(MODELS))
     parser.add_argument("--precision", type=on_off, default=[False, True], help="off,on")
@@ -507,46 +392,67 @@ def main() -> int:
         action="store_true",
         help="a tiny run on the CPU that exercises every part (its figures mean nothing)",
     )
-    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    return parser
+
+
+@dataclass(frozen=True)
+class Plan:
+    settings: list[Setting]
+    sizes: Sizes
+    gpus: int
+    device: str  # in words, for the report
+
+
+def smoke_plan() -> Plan:
+    sizes = Sizes({"cnn": 16, "convnet": 16}, steps=6, warmup=3, target=0.3,
+                  eval_every=10, max_steps=20, target_modes=("single",))  # fmt: skip
+    settings = [Setting("cnn", mixed=False, xla=False)]
+    return Plan(settings, sizes, 0, "CPU (smoke run: figures mean nothing)")
+
+
+def gpu_plan(args: argparse.Namespace) -> Plan | None:
+    """Every setting asked for on this machine's GPUs; None (said in one line)
+    where TensorFlow sees no GPU."""
+    probe = run_child("probe", {}, cpu=False)
+    if not probe["gpus"]:
+        built = "with CUDA" if probe["cuda"] else "without CUDA"
+        print(
+            f"bench/gpu.py: no GPU here (TensorFlow {probe['tf']} {built} sees none); "
+            "nothing measured (--cpu-smoke runs a tiny CPU version)"
+        )
+        return None
+    settings = [Setting(m, p, x) for m in args.models for p in args.precision for x in args.xla]
+    sizes = Sizes(BATCH, args.steps, args.warmup, args.target, args.eval_every, args.max_steps)
+    gpus = len(probe["gpus"])
+    return Plan(settings, sizes, gpus, f"{gpus} x {probe['gpus'][0]}, TensorFlow {probe['tf']}")
+
+
+def main() -> int:
+    parser = arguments()
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(CHILDREN[args.child](json.loads(args.spec or "{}"))))
-        return 0
     if args.cpu_smoke:
-        settings = [Setting("cnn", mixed=False, xla=False)]
-        sizes = Sizes({"cnn": 16, "convnet": 16}, steps=6, warmup=3, target=0.3,
-                      eval_every=10, max_steps=20, target_modes=("single",))  # fmt: skip
-        gpus, device = 0, "CPU (smoke run: figures mean nothing)"
+        plan: Plan | None = smoke_plan()
     else:
         if args.steps <= 2 * args.warmup:
             parser.error(f"--steps must be above twice --warmup ({2 * args.warmup})")
-        probe = run_child("probe", {}, cpu=False)
-        if not probe["gpus"]:
-            built = "with CUDA" if probe["cuda"] else "without CUDA"
-            print(
-                f"bench/gpu.py: no GPU here (TensorFlow {probe['tf']} {built} sees none); "
-                "nothing measured (--cpu-smoke runs a tiny CPU version)"
-            )
-            return 0
-        settings = [Setting(m, p, x) for m in args.models for p in args.precision for x in args.xla]
-        sizes = Sizes(BATCH, args.steps, args.warmup, args.target, args.eval_every, args.max_steps)
-        gpus = len(probe["gpus"])
-        device = f"{gpus} x {probe['gpus'][0]}, TensorFlow {probe['tf']}"
+        plan = gpu_plan(args)
+    if plan is None:
+        return 0
     from trainer.data import resolve_data_dir
 
     data_dir = str(resolve_data_dir(args.data_dir))  # downloads once, before timing
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        rows = bench(settings, sizes, data_dir, gpus, args.cpu_smoke, Path(tmp))
+        run = Run(plan.sizes, data_dir, plan.gpus, args.cpu_smoke, Path(tmp))
+        rows = bench(plan.settings, run)
     report = {
-        "device": device,
+        "device": plan.device,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "sizes": asdict(sizes),
+        "sizes": asdict(plan.sizes),
         "results": rows,
-        "goals": None if args.cpu_smoke else goals(rows, sizes.target),
+        "goals": None if args.cpu_smoke else goals(rows, plan.sizes.target),
     }
     if not args.json_only:
-        print(f"bench/gpu.py on {device}")
+        print(f"bench/gpu.py on {plan.device}")
         print_table(rows)
     print(json.dumps(report, indent=None if args.json_only else 2))
     return 0

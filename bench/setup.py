@@ -159,6 +159,80 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - started, result
 
 
+def docker_answers() -> bool:
+    return (
+        shutil.which("docker") is not None
+        and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    )
+
+
+def build_images() -> None:
+    """The bare node image and the wheelhouse, where missing or stale."""
+    env = dict(os.environ, NODE_IMAGE=IMAGE, BAKE_VENV="0", PYTHON=sys.executable)
+    subprocess.run(["bash", str(REPO / "docker" / "build-node-image.sh")], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    subprocess.run(["bash", str(REPO / "docker" / "build-wheelhouse.sh")], check=True,
+                   capture_output=True, cwd=REPO)  # fmt: skip
+
+
+def light_requirements(work: Path) -> None:
+    """work/wheels and work/requirements.txt: the small pure-Python install."""
+    (work / "wheels").mkdir()
+    pins = []
+    for name in LIGHT_WHEELS:
+        for wheel in sorted((REPO / ".cache" / "wheelhouse").glob(f"{name}-*.whl")):
+            shutil.copy(wheel, work / "wheels")
+            pins.append(f"{name.replace('_', '-')}=={wheel.name.split('-')[1]}")
+    (work / "requirements.txt").write_text("\n".join(pins) + "\n")
+
+
+def fresh_node_times(count: int, public: str, work: Path, key: Path, args: Any) -> dict[str, Any]:
+    """Setup (install + sync), then sync alone, each on ``count`` fresh
+    nodes; on 4 nodes also the re-syncs."""
+    mnist = _mnist()
+    results: dict[str, Any] = {}
+    with nodes(count, public, args.node_cpus) as targets:
+        config = config_for(targets, work, key, args.full, mnist)
+        state = ClusterState("bench", home=work / f"home-{count}")
+        with SshTransport(targets, config=config, state=state, key_file=key) as t:
+            t.wait_ready(timeout=60)
+            seconds, report = timed(partial(setup_nodes, t, config))
+        results[f"setup_{count}_nodes_s"] = round(seconds, 2)
+        results[f"setup_{count}_nodes_files"] = report.files
+    # Sync alone on fresh nodes: the part of setup that is ours, not pip's CPU.
+    with nodes(count, public, args.node_cpus) as targets:
+        config = config_for(targets, work, key, args.full, mnist)
+        state = ClusterState("bench", home=work / f"home-sync-{count}")
+        with SshTransport(targets, config=config, state=state, key_file=key) as t:
+            t.wait_ready(timeout=60)
+            seconds, report = timed(partial(sync_nodes, t, config))
+        results[f"sync_{count}_nodes_s"] = round(seconds, 2)
+        if count == 4:
+            results.update(resync_times(targets, work, key, state, args))
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    rows = [
+        ("install + sync, 1 fresh node", f"{results['setup_1_nodes_s']:.2f} s", ""),
+        ("install + sync, 4 fresh nodes", f"{results['setup_4_nodes_s']:.2f} s", ""),
+        ("  ratio 4 / 1", f"{results['scale_4_vs_1']:.2f}x", "<= 1.3x"),
+        ("sync only, 1 fresh node", f"{results['sync_1_nodes_s']:.2f} s", ""),
+        ("sync only, 4 fresh nodes", f"{results['sync_4_nodes_s']:.2f} s", ""),
+        ("  ratio 4 / 1", f"{results['sync_scale_4_vs_1']:.2f}x", "<= 1.3x"),
+        ("re-sync, no change, 4 nodes",
+         f"{results['resync_nochange_4_nodes_s']:.3f} s", "<= 1 s"),
+        ("re-sync, 1 file changed, 4 nodes (rsync)",
+         f"{results.get('resync_rsync_4_nodes_s', float('nan')):.3f} s", ""),
+        ("re-sync, 1 file changed, 4 nodes (manifest)",
+         f"{results.get('resync_manifest_4_nodes_s', float('nan')):.3f} s", ""),
+    ]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'value':>10}  target")
+    for name, value, target in rows:
+        print(f"{name:<{width}}  {value:>10}  {target}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="install the real requirements")
@@ -171,18 +245,10 @@ def main() -> int:
         help="CPUs of each node container (default: this machine's CPUs / 5)",
     )
     args = parser.parse_args()
-    if (
-        shutil.which("docker") is None
-        or subprocess.run(["docker", "info"], capture_output=True).returncode
-    ):
+    if not docker_answers():
         print("bench/setup.py: docker does not answer; nothing measured", file=sys.stderr)
         return 0
-    env = dict(os.environ, NODE_IMAGE=IMAGE, BAKE_VENV="0", PYTHON=sys.executable)
-    subprocess.run(["bash", str(REPO / "docker" / "build-node-image.sh")], env=env, check=True,
-                   capture_output=True)  # fmt: skip
-    subprocess.run(["bash", str(REPO / "docker" / "build-wheelhouse.sh")], check=True,
-                   capture_output=True, cwd=REPO)  # fmt: skip
-    mnist = _mnist()
+    build_images()
 
     results: dict[str, Any] = {
         "image": IMAGE, "full_install": args.full, "cpus": os.cpu_count(),
@@ -192,55 +258,14 @@ def main() -> int:
         work = Path(tmp)
         key = work / "id_ed25519"
         public = ensure_key_pair(key, "bench")
-        (work / "wheels").mkdir()
-        pins = []
-        for name in LIGHT_WHEELS:
-            for wheel in sorted((REPO / ".cache" / "wheelhouse").glob(f"{name}-*.whl")):
-                shutil.copy(wheel, work / "wheels")
-                pins.append(f"{name.replace('_', '-')}=={wheel.name.split('-')[1]}")
-        (work / "requirements.txt").write_text("\n".join(pins) + "\n")
-
+        light_requirements(work)
         for count in (1, 4):
-            with nodes(count, public, args.node_cpus) as targets:
-                config = config_for(targets, work, key, args.full, mnist)
-                state = ClusterState("bench", home=work / f"home-{count}")
-                with SshTransport(targets, config=config, state=state, key_file=key) as t:
-                    t.wait_ready(timeout=60)
-                    seconds, report = timed(partial(setup_nodes, t, config))
-                results[f"setup_{count}_nodes_s"] = round(seconds, 2)
-                results[f"setup_{count}_nodes_files"] = report.files
-            # Sync alone on fresh nodes: the part of setup that is ours, not pip's CPU.
-            with nodes(count, public, args.node_cpus) as targets:
-                config = config_for(targets, work, key, args.full, mnist)
-                state = ClusterState("bench", home=work / f"home-sync-{count}")
-                with SshTransport(targets, config=config, state=state, key_file=key) as t:
-                    t.wait_ready(timeout=60)
-                    seconds, report = timed(partial(sync_nodes, t, config))
-                results[f"sync_{count}_nodes_s"] = round(seconds, 2)
-                if count == 4:
-                    results.update(resync_times(targets, work, key, state, args))
+            results.update(fresh_node_times(count, public, work, key, args))
     results["scale_4_vs_1"] = round(results["setup_4_nodes_s"] / results["setup_1_nodes_s"], 2)
     results["sync_scale_4_vs_1"] = round(results["sync_4_nodes_s"] / results["sync_1_nodes_s"], 2)
     results["targets"] = {"scale_4_vs_1": 1.3, "resync_nochange_s": 1.0}
     if not args.json_only:
-        rows = [
-            ("install + sync, 1 fresh node", f"{results['setup_1_nodes_s']:.2f} s", ""),
-            ("install + sync, 4 fresh nodes", f"{results['setup_4_nodes_s']:.2f} s", ""),
-            ("  ratio 4 / 1", f"{results['scale_4_vs_1']:.2f}x", "<= 1.3x"),
-            ("sync only, 1 fresh node", f"{results['sync_1_nodes_s']:.2f} s", ""),
-            ("sync only, 4 fresh nodes", f"{results['sync_4_nodes_s']:.2f} s", ""),
-            ("  ratio 4 / 1", f"{results['sync_scale_4_vs_1']:.2f}x", "<= 1.3x"),
-            ("re-sync, no change, 4 nodes",
-             f"{results['resync_nochange_4_nodes_s']:.3f} s", "<= 1 s"),
-            ("re-sync, 1 file changed, 4 nodes (rsync)",
-             f"{results.get('resync_rsync_4_nodes_s', float('nan')):.3f} s", ""),
-            ("re-sync, 1 file changed, 4 nodes (manifest)",
-             f"{results.get('resync_manifest_4_nodes_s', float('nan')):.3f} s", ""),
-        ]  # fmt: skip
-        width = max(len(r[0]) for r in rows)
-        print(f"{'measure':<{width}}  {'value':>10}  target")
-        for name, value, target in rows:
-            print(f"{name:<{width}}  {value:>10}  {target}")
+        print_table(results)
     print(json.dumps(results, sort_keys=True))
     return 0
 

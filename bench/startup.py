@@ -251,6 +251,97 @@ def compose_up(config: Path) -> None:
         raise SystemExit(f"deploy.py up on the compose cluster failed:\n{done.stdout[-3000:]}")
 
 
+Setup = tuple[str, Path, Path | None]  # (name, checkout, compose config or None)
+
+
+def checkouts_to_measure(before: str | None, tmp: Path) -> dict[str, Path]:
+    """This checkout, and with ``before`` that one too (a folder, or a git
+    revision unpacked into ``tmp``)."""
+    if before and Path(before).is_dir():  # a checkout of its own
+        return {"before": Path(before).resolve(), "now": REPO}
+    if not before:
+        return {"now": REPO}
+    old = tmp / "before"
+    old.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", before],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    return {"before": old, "now": REPO}
+
+
+def measure(
+    setups: list[Setup], rounds: int, steps: int, tmp: Path, say: Callable[[str], None]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every set-up in every round, after a round of warm-up that is not kept."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in setups}
+    for i in range(rounds + 1):
+        for name, checkout, config in setups:
+            folder = tmp / f"{name}-{i}"
+            folder.mkdir()
+            result = one_run(checkout, steps, folder, config)
+            if i == 0:
+                continue  # warm-up: page cache, the local cluster's folders
+            runs[name].append(result)
+            say(
+                f"round {i} {name}: first step {result['first_step']:.1f} s, last "
+                f"step {result['last_step']:.1f} s, end {result['end']:.1f} s, "
+                f"training {result['training_seconds']:.1f} s"
+            )
+    return runs
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]], args: Any) -> dict[str, Any]:
+    """Each set-up's medians, and the compose cluster's against the local one's."""
+    results: dict[str, Any] = {name: medians(found) for name, found in runs.items()}
+    results.update(steps=args.steps, cpus=os.cpu_count(), load=os.getloadavg()[0])
+    if args.before:
+        results["before_rev"] = args.before
+    if args.compose:
+        local, compose = results["now"], results["compose"]
+        results["compose_vs_local"] = {
+            k: compose[k] / local[k] for k in ("first_step", "tail", "overhead")
+        } | {
+            "overhead_rounds": [
+                c["overhead"] / n["overhead"]
+                for n, c in zip(runs["now"], runs["compose"], strict=True)
+            ],
+            "target": COMPOSE_TARGET,
+        }
+    return results
+
+
+def print_summary(results: dict[str, Any], checkouts: list[str], args: Any) -> None:
+    print(
+        f"\n{'local and compose clusters' if args.compose else 'local cluster'}, "
+        f"ps + 2 workers + chief, cnn async, {args.steps} steps, medians "
+        f"of {args.rounds} runs ({os.cpu_count()} CPUs, load {results['load']:.1f} at the end)"
+    )
+    for name in checkouts:
+        show(f"{name} ({args.before})" if name == "before" else name, results[name])
+    if args.before:
+        before, now = results["before"], results["now"]
+        print(
+            f"after/before: training start "
+            f"{now['training_start'] / before['training_start']:.2f}x, "
+            f"first step {now['first_step'] / before['first_step']:.2f}x, "
+            f"tail {now['tail'] / before['tail']:.2f}x, "
+            f"overhead {now['overhead'] / before['overhead']:.2f}x"
+        )
+    if args.compose:
+        show("compose (docker-compose cluster, over ssh)", results["compose"], targets=False)
+        ratio = results["compose_vs_local"]
+        verdict = "met" if ratio["overhead"] <= COMPOSE_TARGET else "NOT met"
+        print(
+            f"compose/local: first step {ratio['first_step']:.2f}x, "
+            f"tail {ratio['tail']:.2f}x, overhead {ratio['overhead']:.2f}x "
+            f"(target <= {COMPOSE_TARGET}x: {verdict}; per round "
+            f"{', '.join(f'{r:.2f}x' for r in ratio['overhead_rounds'])})"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -274,83 +365,19 @@ def main() -> int:
             print(text, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-startup-") as tmp, ExitStack() as on:
-        checkouts = {"now": REPO}
-        if args.before and Path(args.before).is_dir():  # a checkout of its own
-            checkouts = {"before": Path(args.before).resolve(), "now": REPO}
-        elif args.before:
-            old = Path(tmp) / "before"
-            old.mkdir()
-            archive = subprocess.run(
-                ["git", "-C", str(REPO), "archive", args.before],
-                capture_output=True,
-                check=True,
-            )
-            subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
-            checkouts = {"before": old, "now": REPO}
-        # (name, checkout, config): the local cluster of each checkout, then
-        # this checkout on the compose cluster, in every round.
-        setups: list[tuple[str, Path, Path | None]] = [(n, c, None) for n, c in checkouts.items()]
+        checkouts = checkouts_to_measure(args.before, Path(tmp))
+        # The local cluster of each checkout, then this checkout on the
+        # compose cluster, in every round.
+        setups: list[Setup] = [(n, c, None) for n, c in checkouts.items()]
         if args.compose:
             on.enter_context(compose_cluster(say))
             config = compose_config(Path(tmp), Path(os.environ["MNIST_DIR"]).absolute())
             compose_up(config)
             setups.append(("compose", REPO, config))
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in setups}
-        for i in range(args.rounds + 1):
-            for name, checkout, config in setups:
-                folder = Path(tmp) / f"{name}-{i}"
-                folder.mkdir()
-                result = one_run(checkout, args.steps, folder, config)
-                if i == 0:
-                    continue  # warm-up: page cache, the local cluster's folders
-                runs[name].append(result)
-                say(
-                    f"round {i} {name}: first step {result['first_step']:.1f} s, last "
-                    f"step {result['last_step']:.1f} s, end {result['end']:.1f} s, "
-                    f"training {result['training_seconds']:.1f} s"
-                )
-    results: dict[str, Any] = {name: medians(found) for name, found in runs.items()}
-    results.update(steps=args.steps, cpus=os.cpu_count(), load=os.getloadavg()[0])
-    if args.before:
-        results["before_rev"] = args.before
-    if args.compose:
-        local, compose = results["now"], results["compose"]
-        results["compose_vs_local"] = {
-            k: compose[k] / local[k] for k in ("first_step", "tail", "overhead")
-        } | {
-            "overhead_rounds": [
-                c["overhead"] / n["overhead"]
-                for n, c in zip(runs["now"], runs["compose"], strict=True)
-            ],
-            "target": COMPOSE_TARGET,
-        }
+        runs = measure(setups, args.rounds, args.steps, Path(tmp), say)
+    results = summarise(runs, args)
     if not args.json_only:
-        print(
-            f"\n{'local and compose clusters' if args.compose else 'local cluster'}, "
-            f"ps + 2 workers + chief, cnn async, {args.steps} steps, medians "
-            f"of {args.rounds} runs ({os.cpu_count()} CPUs, load {results['load']:.1f} at the end)"
-        )
-        for name in checkouts:
-            show(f"{name} ({args.before})" if name == "before" else name, results[name])
-        if args.before:
-            before, now = results["before"], results["now"]
-            print(
-                f"after/before: training start "
-                f"{now['training_start'] / before['training_start']:.2f}x, "
-                f"first step {now['first_step'] / before['first_step']:.2f}x, "
-                f"tail {now['tail'] / before['tail']:.2f}x, "
-                f"overhead {now['overhead'] / before['overhead']:.2f}x"
-            )
-        if args.compose:
-            show("compose (docker-compose cluster, over ssh)", results["compose"], targets=False)
-            ratio = results["compose_vs_local"]
-            verdict = "met" if ratio["overhead"] <= COMPOSE_TARGET else "NOT met"
-            print(
-                f"compose/local: first step {ratio['first_step']:.2f}x, "
-                f"tail {ratio['tail']:.2f}x, overhead {ratio['overhead']:.2f}x "
-                f"(target <= {COMPOSE_TARGET}x: {verdict}; per round "
-                f"{', '.join(f'{r:.2f}x' for r in ratio['overhead_rounds'])})"
-            )
+        print_summary(results, list(checkouts), args)
     print(json.dumps(results))
     return 0
 

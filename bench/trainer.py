@@ -169,6 +169,68 @@ def run_trainer(
     return read_summary(output)
 
 
+# (key, mode, workers, ps, extra trainer flags)
+SETUPS: list[tuple[str, str, int, int, tuple[str, ...]]] = [
+    ("single", "single", 1, 0, ()),
+    ("async_1ps_1worker", "async", 1, 1, ()),
+    ("async_1ps_1worker_overlap", "async", 1, 1, ("--overlap",)),
+    ("async_1ps_2workers", "async", 2, 1, ()),
+    ("sync_2workers", "sync", 2, 0, ()),
+]
+
+
+def measure(args: argparse.Namespace, data_dir: str) -> dict[str, list[dict[str, Any]]]:
+    """Keras fit, then every set-up, in each of ``--repeat`` rounds."""
+    runs: dict[str, list[dict[str, Any]]] = {"keras_fit": []}
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        for round_ in range(args.repeat):
+            speed = run_keras(args.steps, args.batch_size, data_dir, args.pin)
+            runs["keras_fit"].append({"examples_per_sec": speed})
+            for key, mode, workers, ps, extra in SETUPS:
+                summary = run_trainer(
+                    mode, workers, ps, args.steps, args.batch_size, data_dir,
+                    Path(tmp) / f"round-{round_}", args.pin, extra,
+                )  # fmt: skip
+                runs.setdefault(key, []).append(
+                    {
+                        "examples_per_sec": summary["steady_examples_per_sec"],
+                        "examples_per_sec_with_warmup": summary["examples_per_sec"],
+                        "workers": summary["workers"],
+                        "ps": summary["ps"],
+                    }
+                )
+    return runs
+
+
+def make_report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
+    """Each set-up's median run, against Keras fit's and single's."""
+    results = {key: median_run(entries) for key, entries in runs.items()}
+    keras_speed = results["keras_fit"]["examples_per_sec"]
+    single = results["single"]["examples_per_sec"]
+    for entry in results.values():
+        entry["vs_keras_fit"] = entry["examples_per_sec"] / keras_speed
+        entry["vs_single"] = entry["examples_per_sec"] / single
+    return {
+        "model": "cnn",
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "repeat": args.repeat,
+        "cpus": os.cpu_count(),
+        "pinned": args.pin,
+        "placement": {
+            key: {k: sorted(v) for k, v in placement(mode, workers, ps).items()}
+            for key, mode, workers, ps, _ in SETUPS
+        }
+        if args.pin
+        else None,
+        "results": results,
+        "targets": {
+            "single_vs_keras_fit >= 0.95": results["single"]["vs_keras_fit"] >= 0.95,
+            "async_1ps_1worker_vs_single >= 0.8": results["async_1ps_1worker"]["vs_single"] >= 0.8,
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=150)
@@ -193,60 +255,10 @@ def main() -> int:
     from trainer.data import resolve_data_dir
 
     data_dir = str(resolve_data_dir(args.data_dir))  # download once, before timing
-
-    setups = [
-        ("single", "single", 1, 0, ()),
-        ("async_1ps_1worker", "async", 1, 1, ()),
-        ("async_1ps_1worker_overlap", "async", 1, 1, ("--overlap",)),
-        ("async_1ps_2workers", "async", 2, 1, ()),
-        ("sync_2workers", "sync", 2, 0, ()),
-    ]
-    runs: dict[str, list[dict[str, Any]]] = {"keras_fit": []}
-    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        for round_ in range(args.repeat):
-            speed = run_keras(args.steps, args.batch_size, data_dir, args.pin)
-            runs["keras_fit"].append({"examples_per_sec": speed})
-            for key, mode, workers, ps, extra in setups:
-                summary = run_trainer(
-                    mode, workers, ps, args.steps, args.batch_size, data_dir,
-                    Path(tmp) / f"round-{round_}", args.pin, extra,
-                )  # fmt: skip
-                runs.setdefault(key, []).append(
-                    {
-                        "examples_per_sec": summary["steady_examples_per_sec"],
-                        "examples_per_sec_with_warmup": summary["examples_per_sec"],
-                        "workers": summary["workers"],
-                        "ps": summary["ps"],
-                    }
-                )
-    results = {key: median_run(entries) for key, entries in runs.items()}
-    keras_speed = results["keras_fit"]["examples_per_sec"]
-    single = results["single"]["examples_per_sec"]
-    for entry in results.values():
-        entry["vs_keras_fit"] = entry["examples_per_sec"] / keras_speed
-        entry["vs_single"] = entry["examples_per_sec"] / single
-    report = {
-        "model": "cnn",
-        "batch_size": args.batch_size,
-        "steps": args.steps,
-        "repeat": args.repeat,
-        "cpus": os.cpu_count(),
-        "pinned": args.pin,
-        "placement": {
-            key: {k: sorted(v) for k, v in placement(mode, workers, ps).items()}
-            for key, mode, workers, ps, _ in setups
-        }
-        if args.pin
-        else None,
-        "results": results,
-        "targets": {
-            "single_vs_keras_fit >= 0.95": results["single"]["vs_keras_fit"] >= 0.95,
-            "async_1ps_1worker_vs_single >= 0.8": results["async_1ps_1worker"]["vs_single"] >= 0.8,
-        },
-    }
+    report = make_report(measure(args, data_dir), args)
     if not args.json_only:
         print(f"{'set-up':<27}{'examples/s':>12}{'vs keras fit':>14}{'vs single':>11}")
-        for key, entry in results.items():
+        for key, entry in report["results"].items():
             print(
                 f"{key:<27}{entry['examples_per_sec']:>12.0f}"
                 f"{entry['vs_keras_fit']:>13.2f}x{entry['vs_single']:>10.2f}x"

@@ -37,6 +37,38 @@ def dataset(seed: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(1_000_000).map(sample)
 
 
+def distributed_batches(
+    strategy: tf.distribute.Strategy, global_batch: int
+) -> tf.distribute.DistributedIterator:
+    """Each task reads its own share of every global batch."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    data = dataset(seed=7).batch(global_batch).with_options(options)
+    return iter(strategy.experimental_distribute_dataset(data))
+
+
+def write_result(
+    resolver: tf.distribute.cluster_resolver.ClusterResolver,
+    accuracy: float,
+    steps: int,
+    replicas: int,
+    seconds: float,
+) -> None:
+    """The chief's result.json, in the folder that comes home."""
+    cluster = resolver.cluster_spec().as_dict()
+    result = {
+        "accuracy": accuracy,
+        "steps": steps,
+        "replicas": replicas,
+        "seconds": seconds,
+        "cluster": {kind: len(addresses) for kind, addresses in cluster.items()},
+    }
+    out = os.environ.get("TFCLUSTER_RUN_DIR", ".")
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"accuracy {accuracy:.3f} over {replicas} replicas", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -47,10 +79,7 @@ def main() -> None:
     replicas = strategy.num_replicas_in_sync
     global_batch = BATCH_PER_REPLICA * replicas
 
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    data = dataset(seed=7).batch(global_batch).with_options(options)
-    batches = iter(strategy.experimental_distribute_dataset(data))
+    batches = distributed_batches(strategy, global_batch)
 
     with strategy.scope():
         model = tf.keras.Sequential(
@@ -86,18 +115,8 @@ def main() -> None:
         accuracy = float(step(next(batches)))
 
     if resolver.task_type in (None, "chief"):
-        cluster = resolver.cluster_spec().as_dict()
-        result = {
-            "accuracy": accuracy,
-            "steps": args.steps,
-            "replicas": replicas,
-            "seconds": round(time.monotonic() - began, 2),
-            "cluster": {kind: len(addresses) for kind, addresses in cluster.items()},
-        }
-        out = os.environ.get("TFCLUSTER_RUN_DIR", ".")
-        with open(os.path.join(out, "result.json"), "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"accuracy {accuracy:.3f} over {replicas} replicas", flush=True)
+        seconds = round(time.monotonic() - began, 2)
+        write_result(resolver, accuracy, args.steps, replicas, seconds)
 
 
 if __name__ == "__main__":

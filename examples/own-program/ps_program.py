@@ -43,6 +43,17 @@ def serve(resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver) -> N
     server.join()
 
 
+def resume(manager: tf.train.CheckpointManager, done: tf.Variable) -> int:
+    """With TFCLUSTER_RESUME=1, restore the latest checkpoint: the step it
+    resumes from (0 without one)."""
+    if os.environ.get("TFCLUSTER_RESUME") == "1" and manager.latest_checkpoint:
+        manager.checkpoint.restore(manager.latest_checkpoint)
+        resumed_from = int(done.numpy())
+        print(f"resumed from step {resumed_from}", flush=True)
+        return resumed_from
+    return 0
+
+
 def train(
     resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver,
     steps: int,
@@ -75,15 +86,12 @@ def train(
         return loss
 
     # The chief (the coordinator) saves the variables, wherever they live.
-    checkpoint = tf.train.Checkpoint(w=w, b=b, steps_done=done)
     manager = tf.train.CheckpointManager(
-        checkpoint, os.path.join(out, "checkpoints"), max_to_keep=2
+        tf.train.Checkpoint(w=w, b=b, steps_done=done),
+        os.path.join(out, "checkpoints"),
+        max_to_keep=2,
     )
-    resumed_from = 0
-    if os.environ.get("TFCLUSTER_RESUME") == "1" and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
-        resumed_from = int(done.numpy())
-        print(f"resumed from step {resumed_from}", flush=True)
+    resumed_from = resume(manager, done)
 
     began = time.monotonic()
     loss = None
