@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -197,10 +198,15 @@ def ssh_config(
     return data
 
 
-def write_config(folder: Path, data: dict[str, object]) -> ClusterConfig:
+def config_file(folder: Path, data: dict[str, object]) -> Path:
+    """``data`` written as ``folder``/cluster.yaml."""
     path = folder / "cluster.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_config(path)
+    return path
+
+
+def write_config(folder: Path, data: dict[str, object]) -> ClusterConfig:
+    return load_config(config_file(folder, data))
 
 
 def transport_for(
@@ -242,6 +248,23 @@ class ComposeCluster:
             node: {"address": "127.0.0.1", "port": port, "internal_address": self.internal[node]}
             for node, port in self.ports.items()
         }
+
+    def config(self, name: str, key_file: Path, nodes: list[str] | None = None) -> dict[str, Any]:
+        """examples/compose.yaml on this cluster (its ports and addresses, the
+        test's key, the prepared wheelhouse), named ``name``, on ``nodes``
+        (default all), syncing no data: a test changes what it needs, then
+        ``config_file``."""
+        data = yaml.safe_load((REPO / "examples" / "compose.yaml").read_text())
+        data["name"] = name
+        hosts = self.hosts()
+        if nodes is not None:
+            data["nodes"] = nodes
+            hosts = {n: h for n, h in hosts.items() if n in nodes}
+        data["hosts"] = hosts
+        data["ssh"]["key_file"] = str(key_file)
+        data["setup"]["wheelhouse"] = str(REPO / ".cache" / "wheelhouse")
+        data["setup"]["sync"] = []
+        return data
 
 
 def free_subnets(count: int = 1) -> list[str]:

@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.config import load_config
-from tests.docker.conftest import REPO, ComposeCluster, wait_for
+from tests.docker.conftest import REPO, ComposeCluster, config_file, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -40,17 +39,11 @@ def cluster_yaml(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """examples/compose.yaml with this run's ports, addresses and key."""
-    data = yaml.safe_load((REPO / "examples" / "compose.yaml").read_text())
-    data["name"] = "composetest"
-    data["hosts"] = compose_cluster.hosts()
-    data["ssh"]["key_file"] = str(node_key[0])
-    data["setup"]["wheelhouse"] = str(REPO / ".cache" / "wheelhouse")
+    data = compose_cluster.config("composetest", node_key[0])
     data["setup"]["sync"] = [str(mnist_dir)]
     data["job"]["data_dir"] = f"tfcluster/{mnist_dir.name}"
     data["job"]["steps"] = STEPS
-    path = tmp_path_factory.mktemp("compose-config") / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return config_file(tmp_path_factory.mktemp("compose-config"), data)
 
 
 @pytest.fixture(scope="module")

@@ -39,12 +39,12 @@ from tests.docker.test_gce_e2e import (
     NODES,
     STEPS,
     World,
+    e2e_mapping,
     finish,
     wait_training,
 )
 from tests.fake_gce import FakeGce
 from tests.fake_gce.docker_backend import DockerBackend
-from tests.fake_gce.fixtures import gce_mapping
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
@@ -77,27 +77,10 @@ def spot(
     )
     fake = FakeGce(latency=LATENCY, backend=backend, wait_max_s=5.0).start()
     try:
-        mapping = gce_mapping(
-            fake.endpoint,
-            name="e2e",
-            ports={"ps": 2222, "worker": 2223, "chief": 2224},
-            ssh={"user": "tfcluster", "boot_timeout": 60},
-            setup={
-                "remote_dir": "tfcluster",
-                "wheelhouse": str(wheelhouse),
-                "sync": [str(mnist_dir)],
-            },
-            job={
-                "model": "cnn",
-                "mode": "async",
-                "steps": STEPS,
-                "batch_size": 128,
-                "checkpoint_every": CHECKPOINT_EVERY,
-                "data_dir": f"tfcluster/{mnist_dir.name}",
-            },
-            autostop=f"{AUTOSTOP_S}s",
+        mapping = e2e_mapping(
+            fake, wheelhouse, mnist_dir, boot_timeout=60, autostop=f"{AUTOSTOP_S}s"
         )
-        mapping["gce"].update(operation_timeout=300, preemptible=True)
+        mapping["gce"]["preemptible"] = True
         (folder / "home").mkdir()
         config = folder / "cluster.yaml"
         config.write_text(yaml.safe_dump(mapping, sort_keys=False))

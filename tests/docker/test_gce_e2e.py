@@ -102,6 +102,35 @@ class World:
 MakeWorld = Callable[..., World]
 
 
+def e2e_mapping(
+    fake: FakeGce, wheelhouse: Path, mnist_dir: Path, *, boot_timeout: float, **more: Any
+) -> dict[str, Any]:
+    """The cluster.yaml of the e2e tests on ``fake``: the async CNN on MNIST
+    synced from ``mnist_dir``; ``more``: further top-level keys."""
+    mapping = gce_mapping(
+        fake.endpoint,
+        name="e2e",
+        ports={"ps": 2222, "worker": 2223, "chief": 2224},
+        ssh={"user": "tfcluster", "boot_timeout": boot_timeout},
+        setup={
+            "remote_dir": "tfcluster",
+            "wheelhouse": str(wheelhouse),
+            "sync": [str(mnist_dir)],
+        },
+        job={
+            "model": "cnn",
+            "mode": "async",
+            "steps": STEPS,
+            "batch_size": 128,
+            "checkpoint_every": CHECKPOINT_EVERY,
+            "data_dir": f"tfcluster/{mnist_dir.name}",
+        },
+        **more,
+    )
+    mapping["gce"]["operation_timeout"] = 300
+    return mapping
+
+
 @pytest.fixture
 def world(
     node_image: str, wheelhouse: Path, mnist_dir: Path, tmp_path: Path
@@ -126,26 +155,7 @@ def world(
             command=command,
         )
         fake = FakeGce(latency=LATENCY, backend=backend, wait_max_s=5.0).start()
-        mapping = gce_mapping(
-            fake.endpoint,
-            name="e2e",
-            ports={"ps": 2222, "worker": 2223, "chief": 2224},
-            ssh={"user": "tfcluster", "boot_timeout": boot_timeout},
-            setup={
-                "remote_dir": "tfcluster",
-                "wheelhouse": str(wheelhouse),
-                "sync": [str(mnist_dir)],
-            },
-            job={
-                "model": "cnn",
-                "mode": "async",
-                "steps": STEPS,
-                "batch_size": 128,
-                "checkpoint_every": CHECKPOINT_EVERY,
-                "data_dir": f"tfcluster/{mnist_dir.name}",
-            },
-        )
-        mapping["gce"]["operation_timeout"] = 300
+        mapping = e2e_mapping(fake, wheelhouse, mnist_dir, boot_timeout=boot_timeout)
         for key, value in overrides.items():
             mapping[key] = value
         folder = tmp_path / f"world-{len(made)}"

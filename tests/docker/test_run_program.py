@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.docker.conftest import REPO, ComposeCluster
+from tests.docker.conftest import REPO, ComposeCluster, config_file
 
 pytestmark = pytest.mark.docker
 
@@ -61,17 +60,9 @@ def cluster_yaml(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """examples/compose.yaml on this run's ports, three nodes, no data sync."""
-    data = yaml.safe_load((REPO / "examples" / "compose.yaml").read_text())
-    data["name"] = "runtest"
-    data["nodes"] = NODES
+    data = compose_cluster.config("runtest", node_key[0], NODES)
     data["roles"] = {"ps": "pc-1", "chief": "pc-1", "worker": ["pc-2", "pc-3"]}
-    data["hosts"] = {n: h for n, h in compose_cluster.hosts().items() if n in NODES}
-    data["ssh"]["key_file"] = str(node_key[0])
-    data["setup"]["wheelhouse"] = str(REPO / ".cache" / "wheelhouse")
-    data["setup"]["sync"] = []
-    path = tmp_path_factory.mktemp("run-config") / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return config_file(tmp_path_factory.mktemp("run-config"), data)
 
 
 class Deploy:

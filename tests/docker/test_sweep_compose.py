@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.docker.conftest import REPO, ComposeCluster
+from tests.docker.conftest import REPO, ComposeCluster, config_file
 
 pytestmark = pytest.mark.docker
 
@@ -30,15 +29,8 @@ def cluster_yaml(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """examples/compose.yaml on this run's ports, no data sync."""
-    data = yaml.safe_load((REPO / "examples" / "compose.yaml").read_text())
-    data["name"] = "sweeptest"
-    data["hosts"] = compose_cluster.hosts()
-    data["ssh"]["key_file"] = str(node_key[0])
-    data["setup"]["wheelhouse"] = str(REPO / ".cache" / "wheelhouse")
-    data["setup"]["sync"] = []
-    path = tmp_path_factory.mktemp("sweep-config") / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    data = compose_cluster.config("sweeptest", node_key[0])
+    return config_file(tmp_path_factory.mktemp("sweep-config"), data)
 
 
 @pytest.fixture
