@@ -17,7 +17,7 @@ starts it again, delete removes it. The ``ssh-keys`` metadata (``user:key``
 lines) is what a guest agent would install: the keys of the image's login
 user go to its ``authorized_keys`` at create, at each start and on
 ``setMetadata``. The guest attributes ``hostkeys/`` are the container's
-own /etc/ssh/ssh_host_*_key.pub, read when asked.
+own /etc/ssh/ssh_host_*_key.pub, read when asked once its sshd runs.
 
 Every container and network carries ``label``; ``close`` removes them all.
 """
@@ -33,6 +33,8 @@ from typing import Any
 
 from tests.fake_gce.server import Addresses, InstanceBackend
 
+# PID 1's name (/proc/1/comm) until the node image's entrypoint execs sshd.
+ENTRYPOINT = "tfcluster-entrypoint"[:15]  # comm keeps 15 characters
 # Host addresses .2-.254 of a /24 (.1 is docker's gateway).
 _FIRST_HOST, _LAST_HOST = 2, 254
 
@@ -170,12 +172,18 @@ class DockerBackend(InstanceBackend):
 
     def host_keys(self, instance: dict[str, Any]) -> list[str]:
         # What the guest agent publishes: the container's real host keys,
-        # so that the e2e path pins exactly what its sshd presents.
+        # so that the e2e path pins exactly what its sshd presents. Only
+        # once they all exist, as the agent publishes after generating
+        # them: the entrypoint runs `ssh-keygen -A`, then execs sshd (or
+        # the test's command), so a PID 1 that is no longer the entrypoint
+        # means the set is whole (read earlier, it could lack a key still
+        # being written, and `up` would pin that part).
         if not self.running(instance["name"]):
             return []
         out = docker(
             "exec", self.container(instance), "sh", "-c",
-            "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null", check=False,
+            f'test "$(cat /proc/1/comm)" != {ENTRYPOINT} && cat /etc/ssh/ssh_host_*_key.pub',
+            check=False,
         )  # fmt: skip
         return [" ".join(line.split()[:2]) for line in out.splitlines() if line.strip()]
 
