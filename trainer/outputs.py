@@ -9,20 +9,21 @@ autoencoders, ``samples.png`` (rows G original, C corrupted, R reconstructed).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless nodes: no display
-import matplotlib.pyplot as plt
 import numpy as np
 
 from trainer import catalog
 from trainer.progress import Progress, Startup
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -72,6 +73,8 @@ class RunLog:
         """A call's steps are done (the first ends the start-up)."""
         if self.startup is not None and not self.startup.done:
             self.startup.first_step()
+            if self.enabled:
+                preload_plotting()
 
     def phase(self, name: str) -> None:
         """A new training phase (announced for multi-phase models: sdae)."""
@@ -177,16 +180,15 @@ def plot_loss(
     """Loss, and the model's metric, against the global step; ``final``
     (the summary) adds the final test figure as a marked point at the last
     step, so the training curve is read against what the model scored."""
-    fig = loss_figure(lines, title, final)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    loss_figure(lines, title, final).savefig(path, dpi=100)
 
 
 def loss_figure(
     lines: list[dict[str, Any]], title: str, final: Mapping[str, Any] | None = None
-) -> Any:
-    """The Figure ``plot_loss`` saves (close it after use)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+) -> Figure:
+    """The Figure ``plot_loss`` saves."""
+    fig = new_figure(figsize=(10, 3.6))
+    axes = fig.subplots(1, 2)
     steps = [line["step"] for line in lines]
     axes[0].plot(steps, [line["loss"] for line in lines], color="tab:blue")
     axes[0].set(xlabel="step", ylabel="training loss", yscale="log", title=title)
@@ -216,9 +218,8 @@ def plot_samples(samples: Mapping[str, np.ndarray], path: Path, titles: Mapping[
     """A grid: one row per kind (G, C, R), one column per test image."""
     rows = list(samples)
     columns = len(samples[rows[0]])
-    fig, axes = plt.subplots(
-        len(rows), columns, figsize=(1.2 * columns + 1, 1.3 * len(rows)), squeeze=False
-    )
+    fig = new_figure(figsize=(1.2 * columns + 1, 1.3 * len(rows)))
+    axes = fig.subplots(len(rows), columns, squeeze=False)
     for r, kind in enumerate(rows):
         for c in range(columns):
             axis = axes[r][c]
@@ -229,4 +230,32 @@ def plot_samples(samples: Mapping[str, np.ndarray], path: Path, titles: Mapping[
         axes[r][0].set_ylabel(label, rotation=0, ha="right", va="center")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+
+# The plots use matplotlib's object API (a Figure of its own, saved by the
+# Agg canvas that savefig picks for a PNG): no pyplot, no display, no
+# global list of open figures to close. matplotlib is imported only for
+# them, at the end of a run, and in the background before that
+# (``preload_plotting``): not on the way to the first step (trainer/imports.py).
+
+
+def new_figure(**kwargs: Any) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
+
+def _import_plotting() -> None:
+    # A failure here (a broken matplotlib) is reported by the plot that
+    # needs it, where the import fails again.
+    with contextlib.suppress(Exception):
+        import matplotlib.backends.backend_agg  # noqa: F401  (savefig's PNG canvas)
+        import matplotlib.figure  # noqa: F401
+
+
+def preload_plotting() -> None:
+    """Import matplotlib in a thread of its own while the steps run (the
+    chief mostly waits on TensorFlow then), so that the plots at the end do
+    not wait for it. A plot made before it is done waits for the import
+    (Python's import lock)."""
+    threading.Thread(target=_import_plotting, name="preload-matplotlib", daemon=True).start()

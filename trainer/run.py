@@ -17,6 +17,7 @@ from trainer import catalog, distribute
 from trainer.data import resolve_data_dir
 from trainer.errors import ClusterError
 from trainer.flags import Config
+from trainer.imports import import_tensorflow
 from trainer.progress import Progress, Startup
 
 # How long an async chief waits for its ps and workers to listen: longer
@@ -41,9 +42,7 @@ def run(config: Config, progress: Progress) -> None:
         distribute.serve(info)
     startup = Startup.from_env(progress)
     data_dir = resolve_data_dir(config.data_dir)
-
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     startup.mark("tensorflow")
     mode = catalog.mode(config.mode)
     if mode.workers_serve:

@@ -459,6 +459,55 @@ print(hasattr(tf, "distribute"), "keras" in sys.modules, "matplotlib" in sys.mod
     assert done.stdout.split() == ["False", "False", "False"]
 
 
+def test_the_chiefs_tensorflow_comes_without_matplotlib_which_the_plots_load_later(
+    tmp_path: Path,
+) -> None:
+    """The chief's TensorFlow import leaves matplotlib out (Keras would
+    import it for plotting functions the trainer never calls); the import
+    works as usual afterwards, from the background preload and for the
+    plots at the end, which are drawn with the object API (no pyplot)."""
+    probe = f"""
+import sys, time
+from pathlib import Path
+from trainer.imports import import_tensorflow, kept_out
+tf = import_tensorflow()
+import keras
+print(hasattr(tf, "distribute"), "keras" in sys.modules, "matplotlib" in sys.modules)
+with kept_out(("json",)):  # already imported: left alone
+    import json
+from trainer import outputs
+outputs.preload_plotting()
+deadline = time.monotonic() + 60
+while "matplotlib.figure" not in sys.modules and time.monotonic() < deadline:
+    time.sleep(0.05)
+lines = [{{"step": s, "loss": 1.0 / s, "accuracy": 0.5}} for s in (1, 2)]
+outputs.plot_loss(lines, Path({str(tmp_path)!r}) / "loss.png", "t", {{"test_accuracy": 0.5}})
+print("matplotlib.figure" in sys.modules, "matplotlib.pyplot" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=task_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "False", "True", "False"]
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_kept_out_refuses_a_module_only_inside_the_block() -> None:
+    from trainer.imports import kept_out
+
+    name = "tfcluster_never_imported_module"
+    with kept_out((name,)), pytest.raises(ImportError):
+        __import__(name)
+    assert name not in sys.modules  # importable again (it simply does not exist here)
+    with pytest.raises(ModuleNotFoundError, match="No module named"):
+        __import__(name)
+
+
 def test_async_chief_waits_for_its_servers_to_listen() -> None:
     """Real sockets: the wait ends once every ps and worker port accepts,
     and names those that never do."""
