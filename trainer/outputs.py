@@ -10,6 +10,7 @@ autoencoders, ``samples.png`` (rows G original, C corrupted, R reconstructed).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import threading
 import time
@@ -180,6 +181,7 @@ def plot_loss(
     """Loss, and the model's metric, against the global step; ``final``
     (the summary) adds the final test figure as a marked point at the last
     step, so the training curve is read against what the model scored."""
+    _after_warm_up()
     loss_figure(lines, title, final).savefig(path, dpi=100)
 
 
@@ -216,6 +218,7 @@ def loss_figure(
 
 def plot_samples(samples: Mapping[str, np.ndarray], path: Path, titles: Mapping[str, str]) -> None:
     """A grid: one row per kind (G, C, R), one column per test image."""
+    _after_warm_up()
     rows = list(samples)
     columns = len(samples[rows[0]])
     fig = new_figure(figsize=(1.2 * columns + 1, 1.3 * len(rows)))
@@ -232,30 +235,51 @@ def plot_samples(samples: Mapping[str, np.ndarray], path: Path, titles: Mapping[
     fig.savefig(path, dpi=100)
 
 
-# The plots use matplotlib's object API (a Figure of its own, saved by the
-# Agg canvas that savefig picks for a PNG): no pyplot, no display, no
-# global list of open figures to close. matplotlib is imported only for
-# them, at the end of a run, and in the background before that
+# The plots use matplotlib's object API (a Figure on an Agg canvas of its
+# own): no pyplot, no display, no global list of open figures to close.
+# matplotlib is imported for them only once training runs, in the background
 # (``preload_plotting``): not on the way to the first step (trainer/imports.py).
+
+# The background warm-up, once started.
+_warm_up: threading.Thread | None = None
 
 
 def new_figure(**kwargs: Any) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    return Figure(**kwargs)
+    figure = Figure(**kwargs)
+    FigureCanvasAgg(figure)  # its canvas: tight_layout measures text with its renderer
+    return figure
 
 
-def _import_plotting() -> None:
-    # A failure here (a broken matplotlib) is reported by the plot that
-    # needs it, where the import fails again.
+def _warm_up_plotting() -> None:
+    # A small figure drawn to memory: imports matplotlib and loads what its
+    # first drawing loads (fonts, tick formatters), which is most of the
+    # first plot's time. A failure here (a broken matplotlib) is reported
+    # by the plot that fails the same way.
     with contextlib.suppress(Exception):
-        import matplotlib.backends.backend_agg  # noqa: F401  (savefig's PNG canvas)
-        import matplotlib.figure  # noqa: F401
+        figure = new_figure(figsize=(1, 1))
+        axis = figure.add_subplot()
+        axis.plot([0, 1], [1, 0])
+        axis.set(title="t", xlabel="x", yscale="log")
+        figure.tight_layout()
+        figure.savefig(io.BytesIO(), format="png")
 
 
 def preload_plotting() -> None:
-    """Import matplotlib in a thread of its own while the steps run (the
-    chief mostly waits on TensorFlow then), so that the plots at the end do
-    not wait for it. A plot made before it is done waits for the import
-    (Python's import lock)."""
-    threading.Thread(target=_import_plotting, name="preload-matplotlib", daemon=True).start()
+    """Import matplotlib, and draw once, in a thread of its own while the
+    steps run (the chief mostly waits on TensorFlow then), so that the
+    plots at the end do not wait for that. A plot made before it is done
+    waits for it (``_after_warm_up``)."""
+    global _warm_up
+    if _warm_up is None:
+        _warm_up = threading.Thread(target=_warm_up_plotting, name="warm-up-plots", daemon=True)
+        _warm_up.start()
+
+
+def _after_warm_up() -> None:
+    """Wait for the warm-up's drawing, if one runs: matplotlib is not made
+    to draw from two threads at once (its font cache is shared)."""
+    if _warm_up is not None:
+        _warm_up.join()
