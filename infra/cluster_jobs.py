@@ -399,11 +399,8 @@ class ClusterJobs(ClusterBase):
         cached addresses), else every running one."""
         running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
         if nodes:
-            if unknown := [n for n in nodes if n not in self.config.nodes]:
-                raise ConfigError(
-                    f"--node {unknown[0]}: not a node of {self.config.name} "
-                    f"({', '.join(self.config.nodes)})"
-                )
+            for node in nodes:
+                self.require_known(node)
             return list(dict.fromkeys(nodes))
         names = [n for n in self.config.nodes if n in running]
         if not names:
