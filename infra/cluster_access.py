@@ -114,10 +114,7 @@ class ClusterAccess(ClusterBase):
     def log_nodes(self, node: str | None) -> list[Node]:
         running = [n for n in self.nodes() if n.state is NodeState.RUNNING]
         if node is not None:
-            if node not in self.config.nodes:
-                raise StateError(
-                    f"{node} is not a node of {self.config.name} ({', '.join(self.config.nodes)})"
-                )
+            self.require_known(node)
             running = [n for n in running if n.name == node]
             if not running:
                 raise StateError(f"{node} is not running; `deploy.py status` shows the nodes")
@@ -172,6 +169,7 @@ class ClusterAccess(ClusterBase):
         purpose): the next connection pins the new one."""
         from infra.hostkeys import forget_host
 
+        self.require_known(node)
         nodes = {n.name: n for n in self.nodes()}
         if node not in nodes or not nodes[node].ssh_host:
             raise ConfigError(f"{node} is not a node of {self.config.name} with an SSH address")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, overload
 from infra import commands
 from infra.cluster_base import ClusterBase, locked
 from infra.config import check_env_name
+from infra.destination import check_destination
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
 from infra.job import Job
@@ -231,8 +232,8 @@ class ClusterJobs(ClusterBase):
         record = self.last_job()
         if record is None:
             raise StateError("no job to fetch yet: run `deploy.py train` or `deploy.py run` first")
-        job = self.attach(record)
         destination = self.local_run_dir(record.run_id, dest)
+        job = self.attach(record)
         job.fetch(destination)
         return record, destination
 
@@ -399,11 +400,8 @@ class ClusterJobs(ClusterBase):
         cached addresses), else every running one."""
         running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
         if nodes:
-            if unknown := [n for n in nodes if n not in self.config.nodes]:
-                raise ConfigError(
-                    f"--node {unknown[0]}: not a node of {self.config.name} "
-                    f"({', '.join(self.config.nodes)})"
-                )
+            for node in nodes:
+                self.require_known(node)
             return list(dict.fromkeys(nodes))
         names = [n for n in self.config.nodes if n in running]
         if not names:
@@ -411,6 +409,11 @@ class ClusterJobs(ClusterBase):
         return names
 
     def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
+        """Where ``run_id``'s folder comes home: in ``dest``, else in
+        runs/<cluster>/. A ``dest`` that cannot be written is refused here
+        (ConfigError), which every caller asks before it starts anything."""
+        if dest is not None:
+            check_destination(dest / run_id, dest)
         return (dest or Path("runs") / self.config.name) / run_id
 
     def _autostop_touch(self, transport: Transport, names: Sequence[str]) -> None:

@@ -18,12 +18,13 @@ the keys here, for the providers the file uses.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -214,7 +215,19 @@ def parse_config(data: Any, *, source: str, base_dir: Path | None = None) -> Clu
         config = model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_one_line(source, exc, model)) from None
-    return config.model_copy(update={"base_dir": base_dir or Path.cwd()})
+    return config.from_file(source, base_dir or Path.cwd())
+
+
+@contextlib.contextmanager
+def in_file(config: ClusterConfig) -> Iterator[None]:
+    """A ConfigError raised inside ("gce.image: ...") named after the file
+    first, as every problem ``parse_config`` finds: for the checks a
+    provider makes of the file after it loaded (gce's labels, image, GPUs
+    and network)."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: {exc}", hint=exc.hint) from None
 
 
 def _cluster_model(data: dict[Any, Any] | None) -> type[ClusterConfig]:

@@ -23,7 +23,14 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from infra.config_base import Port, Strict, show
@@ -254,6 +261,10 @@ class ClusterConfig(Strict):
     autostop: Annotated[int | None, BeforeValidator(_autostop)] = None
     # Folder of this file; relative paths in it are resolved from here. Set by load_config.
     base_dir: Path = Field(default=Path("."), exclude=True)
+    # The file as the user named it (--config), set by parse_config: the
+    # first word of every problem found in it, also by a provider after
+    # loading (infra/config.py in_file). Private: never a key of the file.
+    _source: str = PrivateAttr(default="cluster.yaml")
 
     @model_validator(mode="before")
     @classmethod
@@ -340,6 +351,17 @@ class ClusterConfig(Strict):
         return self
 
     # -- derived views -------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        """The file this config was read from, as the user named it."""
+        return self._source
+
+    def from_file(self, source: str, base_dir: Path) -> ClusterConfig:
+        """This config, as read from ``source`` in ``base_dir``."""
+        config = self.model_copy(update={"base_dir": base_dir})
+        config._source = source
+        return config
 
     def nodes_of(self, role: str) -> list[str]:
         return list(getattr(self.roles, role))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra import commands, facts
+from infra.destination import check_destination
 from infra.errors import ConfigError, HostKeyChanged, Interrupted, RemoteError, StateError
 from infra.sweep_spec import SweepSpec, param_env
 from infra.sweep_trial import SWEEP_FILE, Trial, line_metrics, read_json, summary_metrics, utc_now
@@ -398,6 +399,7 @@ def run_sweep(
     ``down`` meanwhile would meet or kill them (Ctrl-C ends the sweep)."""
     if not spec.points:
         raise ConfigError("nothing to sweep: give at least one --param NAME=V1,V2,...")
+    check_destination(dest, dest)  # before any trial: its results must have a place here
     with cluster.lock("sweep"):
         if (running := cluster.running_job(finish=True)) is not None:
             raise StateError(

@@ -26,6 +26,7 @@ pytest_plugins = ["tests.fake_gce.fixtures"]
 
 NODES = ["pc-1", "pc-2", "pc-3", "pc-4"]
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
+DLVM = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
 
 MakeYaml = Callable[..., Path]
 
@@ -312,4 +313,32 @@ def test_bad_configs_are_one_line_with_their_exit_code(
     (line,) = error_lines(out)
     assert says in line
     assert "Traceback" not in out and "unexpected failure" not in out
+    assert fake_gce.mutating_calls() == []
+
+
+
+@pytest.mark.parametrize(
+    "gce",
+    [
+        {"zones": ["us-central1"]},  # the file's schema (infra/config.py)
+        {"labels": {"Team": "ml"}},  # the provider's own checks, once the file has loaded
+        {"image": "debian-12"},
+        {"accelerator": {"type": "nvidia-tesla-t4"}, "image": DLVM},
+        {"image": "projects/debian-cloud/global/images/family/debian-99"},  # read from the API
+        {"network": "no-such-network"},
+    ],
+    ids=["schema", "labels", "image path", "accelerator", "no image", "no network"],
+)
+def test_every_config_error_names_the_file_first(
+    fake_gce: FakeGce, gce_cluster_yaml: MakeYaml, gce: dict[str, Any]
+) -> None:
+    """The gce provider's checks of cluster.yaml (labels, image, GPUs, the
+    network) said "error: gce.image: ..." where every other mistake in the
+    file says "error: cluster.yaml: gce.zones: ...": which file, then which key."""
+    config = gce_cluster_yaml(gce=gce)
+    for args in (["up", "--dry-run"], ["up", "--skip-setup"]):
+        code, out = run(config, *args)
+        assert code == 2, out
+        (line,) = error_lines(out)
+        assert line.startswith(f"error: {config}: gce."), line
     assert fake_gce.mutating_calls() == []

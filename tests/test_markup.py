@@ -124,6 +124,23 @@ def test_config_errors_show_names_literally(tmp_path: Path, hostile: str) -> Non
     assert code == 3 and f"error: {hostile} is not a node of local" in out
 
 
+@pytest.mark.parametrize("hostile", MARKUP)
+def test_an_unknown_node_is_the_same_error_for_every_command(hostile: str) -> None:
+    """`exec --node NAME` (and `forget-host NAME`) exited 2 where `logs NAME`
+    and `ssh NAME` exit 3 for the same name: a node the cluster has not is
+    its state, whichever command names it; and the name is printed as it
+    was typed."""
+    line = f"error: {hostile} is not a node of local (pc-1, pc-2, pc-3)"
+    for args in (
+        ["exec", "--node", hostile, "--", "true"],
+        ["logs", hostile],
+        ["ssh", hostile],
+        ["forget-host", hostile],
+    ):
+        code, out = invoke(*args)
+        assert (code, out.strip()) == (3, line), args
+
+
 def test_error_printer_shows_markup_and_no_controls(capsys: pytest.CaptureFixture[str]) -> None:
     from infra.errors import JobFailed
 

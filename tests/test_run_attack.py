@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.cluster import Cluster
+from infra.config import default_config
 from infra.errors import ConfigError, Interrupted, RemoteError, StateError
 from infra.job import Job
 from infra.job_spec import JobSpec, Program
@@ -273,25 +275,59 @@ def test_the_sync_never_takes_home_or_root_nor_tfclusters_keys(
     assert files == ["train.py"]
 
 
-def test_a_destination_that_cannot_be_written_is_one_line(
+BLOCK_DEST = """\
+import os, runpy, sys
+open(sys.argv[1], "w").close()  # a file where the results would come home
+runpy.run_path("stand_in.py", run_name="__main__")
+"""
+
+
+def test_a_destination_that_cannot_be_written_is_refused_before_anything_starts(
     workdir: Path, tmp_path: Path
 ) -> None:
-    """`fetch --dest` (or `run --dest`) where a file stands in the way, or
-    that cannot be created, crashed: "a bug in tfcluster" (exit 70); after
-    a successful `run`, that hid the job's own exit code."""
+    """`run --dest /proc/x` (and `train --dest`, or a --dest through a file;
+    `sweep --dest` crashed at its start, after the sync) ran the whole job, then warned that the results could not come home
+    and exited 0. A --dest that cannot be written is bad input: one line
+    naming it, exit 2, and no task started (nor the job remembered)."""
     blocker = tmp_path / "blocker"
     blocker.write_text("")
+    marker = tmp_path / "started"
+    (workdir / "block.py").write_text(BLOCK_DEST)
+    for dest in (blocker / "sub", Path("/proc/x")):
+        for command in (
+            ["run", "--workdir", str(workdir), "--dest", str(dest), "--", "python", "block.py", str(marker)],
+            ["train", "--dest", str(dest), "--steps", "1"],
+            ["sweep", "--param", "a=1", "--workdir", str(workdir), "--dest", str(dest),
+             "--", "python", "block.py", str(marker)],
+        ):  # fmt: skip
+            code, out = deploy(*command)
+            assert code == 2, out
+            assert out.startswith(f"error: --dest {dest}: ") and len(out.splitlines()) == 1, out
+    assert not marker.exists()
+    code, out = deploy("fetch")
+    assert code == 3 and "no job to fetch" in out
+    # The library refuses it too, whichever front end calls it.
+    with pytest.raises(ConfigError, match=r"^--dest /proc/x: "):
+        Cluster(default_config()).run_program(
+            ["python", "block.py", str(marker)], workdir=workdir, dest=Path("/proc/x")
+        )
+    assert not marker.exists()
+
+    # A destination that goes bad while the job runs is still a warning
+    # after it: the job itself succeeded, and `fetch` brings it later.
+    later = tmp_path / "later"
     code, out = deploy(
-        "run", "--workdir", str(workdir), "--dest", str(blocker / "sub"),
-        "--", "python", "stand_in.py",
+        "run", "--workdir", str(workdir), "--dest", str(later), "--", "python", "block.py", str(later)
     )  # fmt: skip
     assert code == 0, out
     words = " ".join(out.split())  # the warning is wrapped to the terminal's width
     assert "could not fetch the run folder" in words and "Not a directory" in words
     assert "results: still on the chief's node" in out
-    code, out = deploy("fetch", "--dest", str(blocker / "sub"))
-    assert code == 7, out
-    assert "cannot fetch into" in out and "a bug" not in out
+    for dest in (blocker / "sub", Path("/proc/x")):
+        code, out = deploy("fetch", "--dest", str(dest))
+        assert code == 2 and out.startswith(f"error: --dest {dest}: "), out
+    code, out = deploy("fetch", "--dest", str(later))  # click's own check: a file
+    assert code == 2 and f"'{later}' is a file" in out, out
     good = tmp_path / "good"
     code, out = deploy("fetch", "--dest", str(good))
     assert code == 0 and len(list(good.glob("*/chief-0.json"))) == 1, out

@@ -116,7 +116,9 @@ class NodeProvider(ABC):
 
     def check_config(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Refuse (ConfigError) what the provider's cloud would refuse at
-        create time; `up` calls it before planning, so a dry run shows it."""
+        create time; `up` calls it before planning, so a dry run shows it.
+        Raised inside ``infra.config.in_file(self.config)``, the line names
+        cluster.yaml first, as the file's other problems do (gce's does)."""
 
     def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Create what the cluster shares (firewall rule, SSH key); idempotent."""

@@ -187,7 +187,7 @@ class DockerBackend(InstanceBackend):
         )  # fmt: skip
         return [" ".join(line.split()[:2]) for line in out.splitlines() if line.strip()]
 
-    def watch(self, guest_stopped: Callable[[str], None]) -> None:
+    def watch(self, guest_stopped: Callable[[str], object]) -> None:
         """A container that ends by itself (its guest ran `shutdown`, which
         in a container ends PID 1) is a guest shutdown: followed with
         `docker events`. A stop of the fake's own (stop, preemption,

@@ -177,10 +177,11 @@ class InstanceBackend:
         HTTP threads, without the fake's lock."""
         return [generated_host_key(instance["id"])[1]]
 
-    def watch(self, guest_stopped: Callable[[str], None]) -> None:
+    def watch(self, guest_stopped: Callable[[str], object]) -> None:
         """Call ``guest_stopped(instance name)`` whenever an instance's
-        guest stops by itself (a shutdown inside it). Default: guests
-        never do."""
+        guest stops by itself (a shutdown inside it); what it returns is
+        ignored (``FakeGce.guest_shutdown`` says whether it was RUNNING).
+        Default: guests never do."""
 
     def close(self) -> None:
         """The fake shuts down: release everything still held."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 
+from infra.config import in_file
 from infra.errors import ConfigError, TfclusterError
 from infra.providers.gce import checks
 from infra.providers.gce._google import api_exceptions, compute_v1
@@ -26,27 +27,31 @@ class GceProject(GceApi):
     def _check_labels(self) -> None:
         # GCE would refuse these only at create time, after the firewall
         # rules exist; a bad label is a cluster.yaml mistake: say so first.
-        for key, value in self.gce.labels.items():
-            if key in (CLUSTER_LABEL, ROLE_LABEL):
-                raise ConfigError(f"gce.labels: {key} is tfcluster's own label; use another key")
-            if not _LABEL_KEY.match(key):
-                raise ConfigError(
-                    f"gce.labels: {key!r} is not a valid GCE label key: lowercase letters, "
-                    "digits, '_' and '-', starting with a letter, at most 63 characters"
-                )
-            if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-                raise ConfigError(
-                    f"gce.labels.{key}: {value!r} is not a valid GCE label value: lowercase "
-                    "letters, digits, '_' and '-', at most 63 characters"
-                )
+        with in_file(self.config):
+            for key, value in self.gce.labels.items():
+                if key in (CLUSTER_LABEL, ROLE_LABEL):
+                    raise ConfigError(
+                        f"gce.labels: {key} is tfcluster's own label; use another key"
+                    )
+                if not _LABEL_KEY.match(key):
+                    raise ConfigError(
+                        f"gce.labels: {key!r} is not a valid GCE label key: lowercase letters, "
+                        "digits, '_' and '-', starting with a letter, at most 63 characters"
+                    )
+                if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+                    raise ConfigError(
+                        f"gce.labels.{key}: {value!r} is not a valid GCE label value: lowercase "
+                        "letters, digits, '_' and '-', at most 63 characters"
+                    )
 
     def check_config(self) -> None:
         # Only on the way up (`up`, `up --dry-run`, prepare): `down`, `stop`
         # and `status` must work whatever cluster.yaml says now. The static
         # checks first: they need no credentials.
-        checks.check_config(self.gce, reserved_metadata=RESERVED_METADATA)
-        with self._api_errors("checking cluster.yaml against the project"):
-            self.check_plan()
+        with in_file(self.config):
+            checks.check_config(self.gce, reserved_metadata=RESERVED_METADATA)
+            with self._api_errors("checking cluster.yaml against the project"):
+                self.check_plan()
 
     def check_plan(self) -> None:
         """The checks that read the API (the image, the network, the
