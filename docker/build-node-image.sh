@@ -33,6 +33,9 @@ if [ -z "${BASE_IMAGE:-}" ]; then
     bash docker/build-base-image.sh "$BASE_IMAGE"
 fi
 
+# The wheels by name and size, as the install marker lists them: not `ls -l`,
+# whose times differ in every clone and made each one bake again.
+wheels() { (cd .cache/wheelhouse && stat -c '%n %s' -- *.whl | LC_ALL=C sort); }
 label() { docker image inspect -f '{{index .Config.Labels "tfcluster.inputs"}}' "$1" 2>/dev/null || true; }
 size() { docker image inspect -f '{{.Size}}' "$1" | numfmt --to=iec; }
 
@@ -73,7 +76,7 @@ if [ "$method" = build ]; then
             echo "build base $(docker image inspect -f '{{.Id}}' "$BASE_IMAGE" 2>/dev/null)"
             echo "marker $marker dir $remote_dir"
             sha256sum Dockerfile docker/* trainer/requirements.txt
-            ls -l .cache/wheelhouse
+            wheels
         } | sha256sum | cut -c1-32
     )"
     if [ "$(label "$image")" = "$inputs" ] && [ "${FORCE:-0}" != 1 ]; then
@@ -94,7 +97,7 @@ inputs="$(
         echo "commit bare $(docker image inspect -f '{{.Id}}' "$bare")"
         echo "marker $marker dir $remote_dir"
         sha256sum trainer/requirements.txt docker/bake-venv.sh
-        ls -l .cache/wheelhouse
+        wheels
     } | sha256sum | cut -c1-32
 )"
 if [ "$(label "$image")" = "$inputs" ] && [ "${FORCE:-0}" != 1 ]; then
