@@ -196,6 +196,20 @@ MUTANTS: list[Mutant] = [
     m("resume: input stream restarts at batch 0", "trainer/inputs.py",
       "tf.data.Dataset.range(start_batch, sys.maxsize)", "tf.data.Dataset.range(0, sys.maxsize)",
       "tests/trainer/test_units.py::test_index_stream_is_a_permutation_per_epoch_and_resumable"),
+    # -- the chief's start-up ----------------------------------------------------------------
+    m("startup: matplotlib kept out for good", "trainer/imports.py",
+      "            if sys.modules.get(name, ModuleType(name)) is None:\n"
+      "                del sys.modules[name]\n",
+      "            pass\n",
+      "tests/trainer/test_units.py", k="matplotlib or kept_out"),
+    m("startup: matplotlib imported with TensorFlow again", "trainer/imports.py",
+      "    blocked = [name for name in names if name not in sys.modules]",
+      "    blocked: list[str] = []",
+      "tests/trainer/test_units.py", k="matplotlib"),
+    # -- where results come home ---------------------------------------------------------------
+    m("dest: an unwritable --dest found only after the job", "infra/cluster_jobs.py",
+      "            check_destination(dest / run_id, dest)\n", "            pass\n",
+      "tests/test_run_attack.py", k="destination_that_cannot"),
 ]
 
 
