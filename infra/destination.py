@@ -29,7 +29,10 @@ def check_destination(folder: Path, given: Path | str, *, key: str = "--dest") -
                 problem = _cannot_write_in(path)
                 break
             if os.path.lexists(path):
-                kind = "a broken symbolic link" if path.is_symlink() else "a file, not a folder"
+                # A link that leads nowhere (or round in a loop) is broken; one
+                # to a file is a file in the way, as the file itself would be.
+                broken = path.is_symlink() and not path.exists()
+                kind = "a broken symbolic link" if broken else "a file, not a folder"
                 problem = f"{path} is {kind}"
                 break
         else:  # pragma: no cover - "/" or "." ends every walk up
