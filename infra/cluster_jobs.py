@@ -410,11 +410,20 @@ class ClusterJobs(ClusterBase):
 
     def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
         """Where ``run_id``'s folder comes home: in ``dest``, else in
-        runs/<cluster>/. A ``dest`` that cannot be written is refused here
-        (ConfigError), which every caller asks before it starts anything."""
+        runs/<cluster>/. One that cannot be written, given or the default,
+        is refused here (ConfigError), which every caller asks before it
+        starts anything."""
         if dest is not None:
             check_destination(dest / run_id, dest)
-        return (dest or Path("runs") / self.config.name) / run_id
+            return dest / run_id
+        folder = Path("runs") / self.config.name / run_id
+        check_destination(
+            folder,
+            folder,
+            key="the results folder",
+            hint="--dest FOLDER brings the results elsewhere",
+        )
+        return folder
 
     def _autostop_touch(self, transport: Transport, names: Sequence[str]) -> None:
         """A job being launched is activity: the nodes' idle clocks start

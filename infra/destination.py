@@ -18,7 +18,9 @@ from pathlib import Path
 from infra.errors import ConfigError
 
 
-def check_destination(folder: Path, given: Path | str, *, key: str = "--dest") -> None:
+def check_destination(
+    folder: Path, given: Path | str, *, key: str = "--dest", hint: str | None = None
+) -> None:
     """A ConfigError ('--dest GIVEN: why; what to do') unless ``folder`` is
     a folder this process can write in, or its nearest existing parent is
     (the folders between are made by the fetch). ``given`` is the value
@@ -29,7 +31,10 @@ def check_destination(folder: Path, given: Path | str, *, key: str = "--dest") -
                 problem = _cannot_write_in(path)
                 break
             if os.path.lexists(path):
-                kind = "a broken symbolic link" if path.is_symlink() else "a file, not a folder"
+                # A link that leads nowhere (or round in a loop) is broken; one
+                # to a file is a file in the way, as the file itself would be.
+                broken = path.is_symlink() and not path.exists()
+                kind = "a broken symbolic link" if broken else "a file, not a folder"
                 problem = f"{path} is {kind}"
                 break
         else:  # pragma: no cover - "/" or "." ends every walk up
@@ -37,7 +42,7 @@ def check_destination(folder: Path, given: Path | str, *, key: str = "--dest") -
     except OSError as exc:  # a parent that cannot even be looked into
         problem = exc.strerror or str(exc)
     if problem is not None:
-        raise ConfigError(f"{key} {given}: {problem}; give a folder you can write")
+        raise ConfigError(f"{key} {given}: {problem}; give a folder you can write", hint=hint)
 
 
 def _cannot_write_in(folder: Path) -> str | None:
