@@ -198,7 +198,7 @@ MUTANTS: list[Mutant] = [
       "tests/trainer/test_units.py::test_index_stream_is_a_permutation_per_epoch_and_resumable"),
     # -- the chief's start-up ----------------------------------------------------------------
     m("startup: matplotlib kept out for good", "trainer/imports.py",
-      "            if sys.modules.get(name, ModuleType(name)) is None:\n"
+      "            if name in sys.modules and sys.modules[name] is None:\n"
       "                del sys.modules[name]\n",
       "            pass\n",
       "tests/trainer/test_units.py", k="matplotlib or kept_out"),

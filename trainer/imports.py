@@ -35,7 +35,7 @@ def kept_out(names: tuple[str, ...] = KEPT_OUT) -> Iterator[None]:
         yield
     finally:
         for name in blocked:
-            if sys.modules.get(name, ModuleType(name)) is None:
+            if name in sys.modules and sys.modules[name] is None:
                 del sys.modules[name]
 
 
