@@ -40,7 +40,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> tuple[Path, NodeLayout]:
+def node(tmp_path: Path) -> Iterator[tuple[Path, NodeLayout]]:
     home = tmp_path / "home"
     code = tmp_path / "code" / "trainer"
     code.mkdir(parents=True)

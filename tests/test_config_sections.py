@@ -8,12 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from infra.config import SshConfig, parse_config
 from infra.errors import ConfigError
 from infra.providers.gce.config import GceConfig
 
-SSH_HOSTS = {"provider": "ssh", "hosts": {n: "10.0.0.1" for n in ["pc-1", "pc-2", "pc-3", "pc-4"]}}
+# cluster.yaml as read: a mapping of anything (the cases below replace "hosts").
+SSH_HOSTS: dict[str, Any] = {
+    "provider": "ssh",
+    "hosts": {n: "10.0.0.1" for n in ["pc-1", "pc-2", "pc-3", "pc-4"]},
+}
 
 
 @pytest.mark.parametrize(
@@ -45,16 +50,16 @@ def test_every_section_model_forbids_extra_keys() -> None:
     from a gce cluster's ClusterConfig (its own sections and the provider's,
     which config.py adds) forbids extra keys (the parametrized test above
     names today's sections one by one)."""
-    seen: set[type] = set()
+    seen: set[type[BaseModel]] = set()
 
-    def walk(model: type) -> None:
+    def walk(model: type[BaseModel]) -> None:
         if model in seen:
             return
         seen.add(model)
         assert model.model_config.get("extra") == "forbid", model.__name__
         for field in model.model_fields.values():
             for arg in _types(field.annotation):
-                if isinstance(arg, type) and hasattr(arg, "model_fields"):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
                     walk(arg)
 
     walk(type(parse_config({"name": "x", "provider": "gce"}, source="c.yaml")))

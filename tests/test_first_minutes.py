@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -318,8 +319,9 @@ def test_loss_plot_marks_the_final_test_accuracy() -> None:
     texts = [t.get_text() for t in fig.axes[1].texts]
     assert texts == ["test accuracy 0.9712"]
     marked = [line for line in fig.axes[1].lines if line.get_label() == "test accuracy 0.9712"]
-    assert len(marked) == 1 and list(marked[0].get_xdata()) == [20]
-    assert list(marked[0].get_ydata()) == [0.9712]
+    # asarray: the stubs' ArrayLike (a scalar too) for what is an ndarray here.
+    assert len(marked) == 1 and list(np.asarray(marked[0].get_xdata())) == [20]
+    assert list(np.asarray(marked[0].get_ydata())) == [0.9712]
     assert not loss_figure(lines, "x").axes[1].texts  # no summary: no mark
 
 
@@ -364,11 +366,14 @@ def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path) -> None:
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(
-        target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True
-    ).start()
+
+    def pump() -> None:
+        for line in proc.stdout or ():
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
     try:
-        seen = []
+        seen: list[str] = []
         deadline = time.monotonic() + 240
         while not any(" at http://" in line for line in seen):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(seen)

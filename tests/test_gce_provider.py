@@ -1031,6 +1031,7 @@ def test_published_host_keys_are_pinned_per_instance_id_before_the_first_connect
     loopback_gce: tuple[FakeGce, LoopbackBackend], loopback_provider: Callable[..., GceProvider]
 ) -> None:
     from infra.hostkeys import forget_host
+    from infra.remote import SshTransport
 
     fake, backend = loopback_gce
     served = paramiko.ECDSAKey.generate()
@@ -1041,6 +1042,7 @@ def test_published_host_keys_are_pinned_per_instance_id_before_the_first_connect
         alias = f"compute.{fake.instance('pc-1')['id']}"
         known = provider.state.known_hosts
         with provider.transport(nodes) as transport:
+            assert isinstance(transport, SshTransport)  # GCE's nodes: over SSH
             transport.wait_ready()
             assert f"HostKeyAlias={alias}" in transport.ssh_argv("pc-1")
         assert known.read_text() == f"{alias} {key_line(served)} pc-1\n"

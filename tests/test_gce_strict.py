@@ -4,8 +4,9 @@ strict fake GCE (tests/fake_gce/catalog.py)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.cloud import compute_v1
@@ -257,7 +258,9 @@ def test_os_login_enforced_on_the_project_is_said_with_what_to_do(
 
 
 def test_every_instance_status_is_mapped() -> None:
-    statuses = {s.name for s in compute_v1.Instance.Status if s.name != "UNDEFINED_STATUS"}
+    # An IntEnum (proto-plus's Enum), which mypy cannot see: proto-plus is untyped.
+    status = cast(type[enum.IntEnum], compute_v1.Instance.Status)
+    statuses = {s.name for s in status if s.name != "UNDEFINED_STATUS"}
     assert statuses <= set(_STATES), statuses - set(_STATES)
     assert _STATES["PENDING_STOP"] is NodeState.STOPPING
     assert _STATES["STOPPED"] is NodeState.STOPPED
@@ -379,9 +382,10 @@ def test_the_gpu_example_passes_the_checks_and_comes_up_on_the_fake(
     from pathlib import Path
 
     from infra.config import load_config
+    from infra.providers.gce.config import gce_config
 
     example = load_config(Path(__file__).parents[1] / "examples" / "gce-gpu.yaml")
-    gce = example.gce.model_copy(update={
+    gce = gce_config(example).model_copy(update={
         "project": "fake-project", "api_endpoint": fake_gce.endpoint,
         "credentials": "anonymous", "operation_timeout": 20.0,
     })

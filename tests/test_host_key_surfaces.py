@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def nodes(tmp_path: Path, key: Path, count: int, **kwargs: Any) -> Iterator[list
         yield fakes
 
 
-def _config(key: Path, fakes: list[FakeNode]) -> dict[str, Any]:
+def _config(key: Path, fakes: Sequence[FakeNode]) -> dict[str, Any]:
     names = [f"pc-{i}" for i in range(1, len(fakes) + 1)]
     return {
         "name": NAME,
@@ -78,11 +78,11 @@ def _config(key: Path, fakes: list[FakeNode]) -> dict[str, Any]:
     }
 
 
-def _cluster(key: Path, fakes: list[FakeNode]) -> Cluster:
+def _cluster(key: Path, fakes: Sequence[FakeNode]) -> Cluster:
     return Cluster(parse_config(_config(key, fakes), source="test"))
 
 
-def _pin(cluster: Cluster) -> Transport:
+def _pin(cluster: Cluster) -> SshTransport:
     """First contact with every node (their keys are pinned); the transport."""
     transport = cluster.provider.transport(cluster.nodes())
     assert isinstance(transport, SshTransport)

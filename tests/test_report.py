@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ def make_run(
     root: Path,
     name: str,
     *,
-    metrics: list[dict[str, Any]] | None = None,
+    # One JSON value a line: an object, or a string for a torn line.
+    metrics: Sequence[dict[str, Any] | str] | None = None,
     **summary: Any,
 ) -> Path:
     folder = root / name

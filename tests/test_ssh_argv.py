@@ -13,6 +13,11 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from paramiko.common import (  # defined here; paramiko re-exports them, its stubs do not
+    AUTH_SUCCESSFUL,
+    OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+    OPEN_SUCCEEDED,
+)
 
 from infra.config import parse_config
 from infra.keys import ensure_key_pair
@@ -26,15 +31,16 @@ class _AcceptAll(paramiko.ServerInterface):
     """Any public key logs in; `exec` of anything exits 0."""
 
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
-        return paramiko.AUTH_SUCCESSFUL
+        return AUTH_SUCCESSFUL
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
         if kind == "session":
-            return paramiko.OPEN_SUCCEEDED
-        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED_OR_UNKNOWN
+            return OPEN_SUCCEEDED
+        # Any other channel (a forwarding) is refused, as paramiko's own default.
+        return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         def finish() -> None:

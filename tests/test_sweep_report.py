@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +21,7 @@ def deploy(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def write_sweep(folder: Path, trials: list[dict]) -> Path:  # type: ignore[type-arg]
+def write_sweep(folder: Path, trials: list[dict[str, Any]]) -> Path:
     folder.mkdir(parents=True)
     (folder / "sweep.json").write_text(
         json.dumps({"sweep_id": "sweep-1", "params": {"lr": [], "tag": []}, "trials": trials})
@@ -28,7 +29,7 @@ def write_sweep(folder: Path, trials: list[dict]) -> Path:  # type: ignore[type-
     return folder
 
 
-def trial(i: int, lr: str, state: str = "done", **metrics: float) -> dict:  # type: ignore[type-arg]
+def trial(i: int, lr: str, state: str = "done", **metrics: float) -> dict[str, Any]:
     return {
         "trial": i, "name": f"trial-{i}", "params": {"lr": lr, "tag": HOSTILE},
         "state": state, "node": "pc-1", "seconds": 1.5, "metrics": metrics,

@@ -15,6 +15,12 @@ import threading
 from typing import Any
 
 import paramiko
+from paramiko.common import (  # defined here; paramiko re-exports them, its stubs do not
+    AUTH_FAILED,
+    AUTH_SUCCESSFUL,
+    OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+    OPEN_SUCCEEDED,
+)
 
 from tests.fake_gce.server import Addresses, InstanceBackend
 
@@ -28,12 +34,12 @@ class _Server(paramiko.ServerInterface):
 
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         ok = username == self.user
-        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+        return AUTH_SUCCESSFUL if ok else AUTH_FAILED
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
         if kind == "session":
-            return paramiko.OPEN_SUCCEEDED
-        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+            return OPEN_SUCCEEDED
+        return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel: Any, command: bytes) -> bool:
         def finish() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from infra.progress import parse_line
-from infra.tfconfig import build_tasks, tf_config_json
+from infra.tfconfig import TaskSpec, build_tasks, tf_config_json
 from tests.trainer.cluster import REPO, task_env
 from trainer import catalog, data, distribute, patches
 from trainer.errors import ClusterError, DataError
@@ -123,7 +123,7 @@ ADDRESSES = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3", "d": "10.0.0.4"}
 PORTS = {"ps": 2222, "worker": 2223, "chief": 2224}
 
 
-def _tasks(mode: str):  # type: ignore[no-untyped-def]
+def _tasks(mode: str) -> list[TaskSpec]:
     roles = {"ps": ["a"], "chief": ["a"], "worker": ["b", "c", "d"]}
     return build_tasks(catalog.mode(mode).task_types, roles, ADDRESSES, lambda node, t, i: PORTS[t])
 
