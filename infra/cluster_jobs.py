@@ -141,17 +141,26 @@ class ClusterJobs(ClusterBase):
         internal address: the tasks reach each other on the cluster's
         private network, never through the external IPs."""
         addresses = {n: self.provider.internal_ip(n) or "" for n in names}
+        # Not a problem of cluster.yaml: the provider knows no address (a
+        # node not running). An empty one would reach TF_CONFIG as ":2222".
+        if missing := [n for n in names if not addresses[n]]:
+            raise StateError(
+                f"no internal address known for node {node_text(missing[0])}",
+                hint="`deploy.py status` shows the nodes; `deploy.py up` starts them",
+            )
         roles = {role: self.config.nodes_of(role) for role in ("ps", "worker", "chief")}
         try:
             return build_tasks(task_types, roles, addresses, self.provider.task_port)
         except ValueError as exc:
-            raise ConfigError(f"roles: {exc}") from None
+            raise ConfigError(f"{self.config.source}: roles: {exc}") from None
 
     def workdir(self, override: Path | None = None) -> Path:
         """The working folder (``--workdir``, else job.workdir); must exist."""
         folder = (override or self.config.workdir()).expanduser().resolve()
         if not folder.is_dir():
-            key = "--workdir" if override else "job.workdir"
+            # A flag is named as typed; cluster.yaml's key after its file,
+            # as every other problem of the file.
+            key = "--workdir" if override else f"{self.config.source}: job.workdir"
             raise ConfigError(f"{key}: {folder} is not a folder; give an existing folder")
         return folder
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -23,7 +24,7 @@ from click.testing import CliRunner
 from deploy import cli
 from infra.cluster import Cluster
 from infra.config import default_config
-from infra.errors import JobFailed
+from infra.errors import JobFailed, StateError
 from infra.progress import ProgressEvent
 from tests.procs import none_left_in, processes_in
 
@@ -48,7 +49,7 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     none_left_in(folder)
 
 
-def result(dest: Path) -> dict:  # type: ignore[type-arg]
+def result(dest: Path) -> dict[str, Any]:
     (run_dir,) = list(dest.iterdir())
     return json.loads((run_dir / "result.json").read_text())
 
@@ -206,6 +207,29 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     code, out = deploy("run", *args)
     assert code == 2, out
     assert len(out.strip().splitlines()) == 1 and message in out, out
+
+
+def test_a_missing_job_workdir_is_named_after_its_file(tmp_path: Path) -> None:
+    """cluster.yaml's job.workdir, relative to the file, that is not there:
+    the line names the file and the key, as every problem of the file."""
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "name: mine\nprovider: local\nnodes: [pc-1, pc-2]\n"
+        "roles: {chief: pc-1, worker: pc-2}\njob:\n  workdir: gone\n"
+    )
+    code, out = deploy("--config", str(config), "run", "--", "python", "x.py")
+    assert code == 2, out
+    assert len(out.strip().splitlines()) == 1, out
+    assert f"{config}: job.workdir: {tmp_path / 'gone'} is not a folder" in out, out
+
+
+def test_a_node_without_an_address_is_a_state_error_not_a_bad_tf_config() -> None:
+    """A node the provider knows no internal address of (a local cluster
+    never brought up): an error naming it, never a TF_CONFIG of ":2222"."""
+    cluster = Cluster(default_config())
+    with pytest.raises(StateError, match="no internal address known for node pc-1") as caught:
+        cluster.job_tasks(["ps", "worker", "chief"], ["pc-1", "pc-2", "pc-3"])
+    assert "deploy.py up" in (caught.value.hint or "")
 
 
 def test_detached_job_refuses_a_second_one_and_cancel_stops_it(

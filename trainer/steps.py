@@ -105,7 +105,12 @@ def gradient_fn(phase: Phase, variables: Sequence[keras.Variable], jit: bool) ->
         grads = tape.gradient(scaled, watched)
         return tf.reduce_mean(per_example), grads, metrics
 
-    return tf.function(forward_backward, jit_compile=True) if jit else forward_backward
+    # Without autograph, as the train call that runs it without --jit: the
+    # model and the losses have no Python control flow on tensors, and
+    # converting them only lengthened the first step.
+    if jit:
+        return tf.function(forward_backward, jit_compile=True, autograph=False)
+    return forward_backward
 
 
 def read_values(variables: Sequence[keras.Variable]) -> list[tf.Tensor]:

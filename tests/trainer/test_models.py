@@ -66,8 +66,10 @@ def test_noise_kinds() -> None:
     np.testing.assert_array_equal(noisy, corrupt(x, "gaussian", 0.1, seed).numpy())  # stateless
 
 
-def test_one_call_trains_the_phase_variables_only() -> None:
-    """Greedy pretraining of layer 2 leaves layer 1 as it was."""
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
+def test_one_call_trains_the_phase_variables_only(jit: bool) -> None:
+    """Greedy pretraining of layer 2 leaves layer 1 as it was; with --jit
+    (XLA, traced without autograph) too."""
     import keras
 
     task = create_task(parse_args(["--model", "sdae", "--hidden", "16"]))
@@ -78,7 +80,7 @@ def test_one_call_trains_the_phase_variables_only() -> None:
     step = tf.Variable(0, dtype=tf.int64)
     before = {v.path: v.numpy().copy() for v in model.variables}
     call = train_calls(tf.distribute.get_strategy(), phase, optimizer, model.variables, step,
-                       jit=False, guard=False)  # fmt: skip
+                       jit=jit, guard=False)  # fmt: skip
     batch = {"clean": tf.random.uniform([4, 64]), "seed": tf.constant([3, 4], tf.int64)}
     batch["noisy"] = batch["clean"]
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
