@@ -38,8 +38,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) deploy.py train
 
+# With docker, the docker tests (mostly waits) run beside the rest (mostly
+# CPU) in a session of their own: scripts/test_streams.py.
 test: $(STAMP)
-	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+	$(PY) scripts/test_streams.py -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
 
 e2e: $(STAMP)
 	@docker info >/dev/null 2>&1 || { echo "make e2e needs a Docker engine that answers (docker info)"; exit 1; }

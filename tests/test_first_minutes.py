@@ -32,6 +32,7 @@ from infra.facts import tensorboard_port
 from infra.report import compute_rows, load_runs, plot_figure
 from infra.transport import free_local_port
 from tests.fake_gce import FakeGce
+from tests.procs import processes_in
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
 
@@ -334,20 +335,22 @@ def test_tensorboard_port_is_read_from_its_log() -> None:
     assert tensorboard_port("TensorBoard 2.21.0 at http://127.0.0.1:99999/ (Press") is None
 
 
-def _tensorboards() -> list[int]:
-    """Pids of the TensorBoard processes this machine runs."""
+def _tensorboards(home: Path) -> list[int]:
+    """Pids of the TensorBoard processes of this test's local cluster (run
+    in its nodes' folders, under ``home``): not another test session's,
+    nor one in a container, which /proc shows too."""
     found = []
-    for entry in Path("/proc").iterdir():
+    for pid in processes_in(home):
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if entry.name.isdigit() and b"tensorboard.main" in cmdline:
-            found.append(int(entry.name))
+        if b"tensorboard.main" in cmdline:
+            found.append(pid)
     return found
 
 
-def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path) -> None:
+def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path, tfcluster_home: Path) -> None:
     """`deploy.py tensorboard` as a user runs it: a real process, the URL
     it prints answers HTTP with the job's run folder, Ctrl-C (SIGINT)
     closes it (exit 0) and no TensorBoard is left running."""
@@ -360,7 +363,7 @@ def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path) -> None:
                     "python", "stand_in.py")  # fmt: skip
     assert code == 0, out
     run_id = out.split("job ", 1)[1].split(":", 1)[0]  # after the start-up lines
-    before = set(_tensorboards())
+    before = set(_tensorboards(tfcluster_home))
     proc = subprocess.Popen(
         [sys.executable, "deploy.py", "tensorboard", "--port", "0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -383,13 +386,13 @@ def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path) -> None:
         with urllib.request.urlopen(url + "data/logdir", timeout=30) as answer:
             logdir = json.loads(answer.read())["logdir"]
         assert logdir.endswith(f"runs/{run_id}"), logdir
-        assert set(_tensorboards()) - before
+        assert set(_tensorboards(tfcluster_home)) - before
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
     rest = "".join(seen) + "".join(lines.get() for _ in range(lines.qsize()))
     assert code == 0 and "closed TensorBoard" in rest, rest
-    assert not set(_tensorboards()) - before
+    assert not set(_tensorboards(tfcluster_home)) - before
 
 
 # -- dependencies: ranges for the operator, exact pins as constraints --------------------------

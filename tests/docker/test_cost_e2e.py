@@ -145,12 +145,15 @@ def test_a_preempted_chief_node_is_brought_back_and_train_finishes(
     stops = len(guest_stops(w))
     dest = tmp_path / "run"
     proc = w.background("train", "--dest", str(dest))
-    wait_training(w, proc, CHECKPOINT_EVERY - 1, event="checkpoint")
+    wait_training(w, proc, 0)
     # The nodes' watchers see the job: no idle clock runs under it. (That a
     # busy node outlives its autostop is test_autostop's, with the real
     # watcher; here the job's length depends on the machine's speed.)
     running = w.deploy_ok("status", timeout=120)
     assert "a job is running (not idle)" in running, running
+    # Asked before the preemption is waited for: `status` takes seconds, in
+    # which a fast machine trained past the first checkpoint to the end.
+    wait_training(w, proc, CHECKPOINT_EVERY - 1, event="checkpoint")
     reached = max(w.chief_step("progress"), w.chief_step("checkpoint"))
     w.fake.preempt("pc-1")  # the ps and chief VM: the worst case
     out = finish(proc)
