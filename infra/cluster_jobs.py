@@ -141,12 +141,13 @@ class ClusterJobs(ClusterBase):
         internal address: the tasks reach each other on the cluster's
         private network, never through the external IPs."""
         addresses = {n: self.provider.internal_ip(n) or "" for n in names}
-        # Not a problem of cluster.yaml: the provider knows no address (a
-        # node not running). An empty one would reach TF_CONFIG as ":2222".
+        # Not a problem of cluster.yaml: the provider reports no address (a
+        # VM still getting one). An empty one would reach TF_CONFIG as ":2222".
         if missing := [n for n in names if not addresses[n]]:
             raise StateError(
-                f"no internal address known for node {node_text(missing[0])}",
-                hint="`deploy.py status` shows the nodes; `deploy.py up` starts them",
+                f"no internal address known for {', '.join(map(node_text, missing))}",
+                hint="the provider reports none yet: try again in a moment; "
+                "`deploy.py status` shows the nodes",
             )
         roles = {role: self.config.nodes_of(role) for role in ("ps", "worker", "chief")}
         try:

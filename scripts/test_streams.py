@@ -9,12 +9,22 @@ on a 2-core machine. Run side by side, the waits overlap the CPU work.
 
     python scripts/test_streams.py [-m MARKERS] [PYTEST ARGS ...]
 
-With ``-m`` (a marker expression of the caller's: ``make test
-TEST_MARKERS=...``), or without a Docker engine that answers, or with
-TFCLUSTER_TEST_STREAMS=1, it is one plain pytest session, as before. The
-rest's output comes as it runs; the docker session's goes to a log file,
-printed whole once it is done. Its exit code is the first failing one's:
-a session that selected no tests (pytest's 5) fails only if both did.
+``-m`` (the Makefile's TEST_MARKERS, or one in PYTEST_ARGS: the last one
+counts, as in pytest) narrows both sessions. One plain pytest session runs
+instead without a Docker engine that answers, with
+TFCLUSTER_TEST_ONE_SESSION=1, and with options that need the terminal or
+name one output for the run (``--pdb``, ``-s``, ``--junitxml``,
+``--basetemp``, ...). The rest's output comes as it runs; the docker
+session's goes to a temporary file, printed once it is done, then removed.
+The exit code is the first failing session's (128 + N for one killed by
+signal N); a session that selected no tests (pytest's 5) fails only if
+both did.
+
+Each session runs in a process group of its own: Ctrl-C (or a SIGTERM of
+a CI timeout) reaches each once, through this script, and each stops its
+tests' clusters and containers as pytest does on an interrupt; neither is
+ever killed. With ``-x``/``--maxfail``, the first session to fail
+interrupts the other.
 
 The two sessions share nothing they could both write: each has its own
 temporary folders (pytest numbers them), its own cache folder, and the
@@ -28,11 +38,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from types import FrameType
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = "docker"
 NO_TESTS = 5  # pytest's exit code when a session selected no tests
+INTERRUPTED = 130
+# Options after which one session runs: a debugger or an uncaptured test
+# needs the terminal, which a second session cannot share; the others name
+# one file or folder that two sessions would both write (or delete).
+ONE_SESSION = ("--pdb", "--trace", "-s", "--capture", "--basetemp", "--junitxml",
+               "--junit-xml", "--report-log", "--resultlog")  # fmt: skip
+STOP_EARLY = ("-x", "--exitfirst", "--maxfail", "--sw", "--stepwise")
 
 
 def docker_answers() -> bool:
@@ -43,61 +62,122 @@ def docker_answers() -> bool:
     return done.returncode == 0
 
 
-def pytest(markers: str, args: list[str], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-m", markers, *extra, *args]
+def split(args: list[str]) -> tuple[str, list[str]]:
+    """Every ``-m EXPR`` / ``-mEXPR`` taken out of ``args``: the last
+    expression (pytest's rule; "" for none) and the other arguments."""
+    markers, rest = "", []
+    items = iter(args)
+    for arg in items:
+        if arg == "-m":
+            markers = next(items, "")
+        elif arg.startswith("-m"):
+            markers = arg[2:]
+        else:
+            rest.append(arg)
+    return markers, rest
+
+
+def uses(args: list[str], options: tuple[str, ...]) -> bool:
+    """Whether any of ``options`` is among ``args`` (``--opt=value`` too)."""
+    return any(a == o or a.startswith(o + "=") for a in args for o in options)
+
+
+def narrowed(own: str, markers: str) -> str:
+    return f"{own} and ({markers})" if markers else own
 
 
 def combined(codes: list[int]) -> int:
-    """The sessions' exit codes as one: the first failure; 5 (no tests)
-    only when every session selected none."""
+    """The sessions' exit codes as one: the first failure (a session killed
+    by signal N as 128 + N); 5 (no tests) only when every session selected
+    none."""
+    codes = [128 - c if c < 0 else c for c in codes]
     failures = [c for c in codes if c not in (0, NO_TESTS)]
     if failures:
         return failures[0]
     return NO_TESTS if all(c == NO_TESTS for c in codes) else 0
 
 
-def split(args: list[str]) -> tuple[str | None, list[str]]:
-    """``-m MARKERS`` (first, as the Makefile passes it) and the rest."""
-    if len(args) >= 2 and args[0] == "-m":
-        return args[1], args[2:]
-    return None, args
+def pytest(markers: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-m", markers, *args]
+
+
+def two_sessions(markers: str, args: list[str]) -> int:
+    if uses(args, ("--lf", "--last-failed")) and not uses(
+        args, ("--lfnf", "--last-failed-no-failures")
+    ):
+        # Each session keeps its own failures: one with none runs nothing,
+        # not everything.
+        args = [*args, "--lfnf=none"]
+    docker_args = list(args)
+    if "no:cacheprovider" not in args:
+        # Its own cache folder: two sessions writing one lastfailed file
+        # would lose one's failures.
+        docker_args += ["-o", "cache_dir=.pytest_cache/docker-session"]
+    handle, name = tempfile.mkstemp(prefix="tfcluster-docker-tests-", suffix=".log")
+    log = Path(name)
+    print("test_streams: the docker tests run meanwhile in a session of their own", flush=True)
+    interrupted = False
+    stop_early = uses(args, STOP_EARLY)
+    with os.fdopen(handle, "w") as out:
+        docker = subprocess.Popen(
+            pytest(narrowed(DOCKER, markers), docker_args),
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            process_group=0,
+        )  # fmt: skip
+        rest = subprocess.Popen(
+            pytest(narrowed(f"not {DOCKER}", markers), args), cwd=REPO, process_group=0
+        )
+        sessions = [rest, docker]
+
+        def stop_all() -> None:
+            for session in sessions:
+                if session.poll() is None:
+                    session.send_signal(signal.SIGINT)
+
+        def interrupt(signum: int, frame: FrameType | None) -> None:
+            nonlocal interrupted
+            interrupted = True
+            stop_all()
+
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        before = {s: signal.signal(s, interrupt) for s in caught}
+        try:
+            stopped = False
+            while any(s.poll() is None for s in sessions):
+                failed = any(s.returncode not in (None, 0, NO_TESTS) for s in sessions)
+                if stop_early and failed and not stopped:
+                    stop_all()  # as pytest's own -x: the first failure ends the run
+                    stopped = True
+                time.sleep(0.5)
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
+    print("\n" + "=" * 30 + " the docker tests' session " + "=" * 30, flush=True)
+    sys.stdout.write(log.read_text(errors="replace"))
+    sys.stdout.flush()
+    log.unlink()
+    codes = [rest.returncode, docker.returncode]
+    result = INTERRUPTED if interrupted else combined(codes)
+    print(
+        f"test_streams: the other tests' session exited {codes[0]} (its output is above the "
+        f"docker session's), the docker tests' {codes[1]}: exit {result}"
+    )
+    return result
 
 
 def main(argv: list[str]) -> int:
     markers, args = split(argv)
-    if markers or os.environ.get("TFCLUSTER_TEST_STREAMS") == "1" or not docker_answers():
-        # The caller chose what runs (or there is no second session to run).
-        return subprocess.call(pytest(markers or "", args), cwd=REPO)
-    log = Path(tempfile.mkstemp(prefix="tfcluster-docker-tests-", suffix=".log")[1])
-    print(f"test_streams: the docker tests run meanwhile in a session of their own (log: {log})")
-    sys.stdout.flush()
-    with log.open("w") as out:
-        docker = subprocess.Popen(
-            # Its own cache folder: two sessions writing one lastfailed file
-            # would lose one's failures.
-            pytest(DOCKER, args, "-o", "cache_dir=.pytest_cache/docker-session"),
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            rest = subprocess.call(pytest(f"not {DOCKER}", args), cwd=REPO)
-            print("\ntest_streams: waiting for the docker tests' session ...", flush=True)
-            code = docker.wait()
-        except KeyboardInterrupt:
-            # Ctrl-C reached both sessions (one process group); each stops
-            # its own tests' clusters. Wait for that, as pytest would.
-            docker.send_signal(signal.SIGINT)
-            docker.wait()
-            raise
-    print("\n" + "=" * 30 + " the docker tests' session " + "=" * 30, flush=True)
-    sys.stdout.write(log.read_text(errors="replace"))
-    sys.stdout.flush()
-    result = combined([rest, code])
-    print(f"test_streams: the rest exited {rest}, the docker tests {code}: exit {result}")
-    if result == 0:
-        log.unlink()
-    return result
+    one = (
+        os.environ.get("TFCLUSTER_TEST_ONE_SESSION") == "1"
+        or uses(args, ONE_SESSION)
+        or not docker_answers()
+    )
+    if one:
+        # pytest itself, in this process: Ctrl-C is its own to handle.
+        os.chdir(REPO)
+        command = pytest(markers, args)
+        os.execv(command[0], command)
+    return two_sessions(markers, args)
 
 
 if __name__ == "__main__":

@@ -224,12 +224,13 @@ def test_a_missing_job_workdir_is_named_after_its_file(tmp_path: Path) -> None:
 
 
 def test_a_node_without_an_address_is_a_state_error_not_a_bad_tf_config() -> None:
-    """A node the provider knows no internal address of (a local cluster
-    never brought up): an error naming it, never a TF_CONFIG of ":2222"."""
+    """Nodes the provider reports no internal address of (here: a local
+    cluster never brought up): an error naming them, never a TF_CONFIG of
+    ":2222"."""
     cluster = Cluster(default_config())
-    with pytest.raises(StateError, match="no internal address known for node pc-1") as caught:
+    with pytest.raises(StateError, match=r"no internal address known for pc-1, pc-2, pc-3$") as caught:
         cluster.job_tasks(["ps", "worker", "chief"], ["pc-1", "pc-2", "pc-3"])
-    assert "deploy.py up" in (caught.value.hint or "")
+    assert "deploy.py status" in (caught.value.hint or "")
 
 
 def test_detached_job_refuses_a_second_one_and_cancel_stops_it(

@@ -144,15 +144,18 @@ def test_a_preempted_chief_node_is_brought_back_and_train_finishes(
     up(w, "--autostop", f"{JOB_AUTOSTOP_S}s")
     stops = len(guest_stops(w))
     dest = tmp_path / "run"
-    proc = w.background("train", "--dest", str(dest))
+    # Twice the shared job's steps: the preemption comes after the first
+    # checkpoint (step 40), and the 80 steps left of 120 took one `status`
+    # call on a fast machine.
+    steps = 2 * STEPS
+    proc = w.background("train", "--steps", str(steps), "--dest", str(dest))
     wait_training(w, proc, 0)
     # The nodes' watchers see the job: no idle clock runs under it. (That a
     # busy node outlives its autostop is test_autostop's, with the real
     # watcher; here the job's length depends on the machine's speed.)
     running = w.deploy_ok("status", timeout=120)
     assert "a job is running (not idle)" in running, running
-    # Asked before the preemption is waited for: `status` takes seconds, in
-    # which a fast machine trained past the first checkpoint to the end.
+    # Asked before the preemption is waited for: `status` takes seconds.
     wait_training(w, proc, CHECKPOINT_EVERY - 1, event="checkpoint")
     reached = max(w.chief_step("progress"), w.chief_step("checkpoint"))
     w.fake.preempt("pc-1")  # the ps and chief VM: the worst case
@@ -163,9 +166,9 @@ def test_a_preempted_chief_node_is_brought_back_and_train_finishes(
     assert "Traceback" not in out, out[-4000:]
     (summary_file,) = dest.glob("*/summary.json")
     summary = json.loads(summary_file.read_text())
-    assert summary["steps"] == STEPS and summary["test_accuracy"] >= 0.9, summary
+    assert summary["steps"] == steps and summary["test_accuracy"] >= 0.9, summary
     # At most one checkpoint interval of steps lost (from the metrics).
-    assert reached - CHECKPOINT_EVERY <= summary["resumed_from_step"] < STEPS, (reached, summary)
+    assert reached - CHECKPOINT_EVERY <= summary["resumed_from_step"] < steps, (reached, summary)
     # No node stopped itself under the job (the recovered pc-1 included).
     assert len(guest_stops(w)) == stops, guest_stops(w)
 

@@ -52,7 +52,7 @@ def test_gpu_flags_that_do_not_fit_exit_2(argv: list[str]) -> None:
 # on an AMD EPYC with AVX-512; not on every machine).
 _TF_LOAD_LOG = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
+    r"|[IWEF]\d{4} [\d:.]+ +\d+ (port|cpu_feature_guard)\.cc:\d+\] "
     r"|To enable the following instructions: "
 )
 
@@ -67,8 +67,12 @@ def test_the_tf_load_log_is_told_from_the_trainers_lines() -> None:
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
         "I0000 00:00:1795659606.311139   28868 port.cc:153] oneDNN custom operations are on.\n"
         "trainer: error: I0000 in a message is the trainer's\n"
+        "I0000 00:00:1795659607.1   28868 loop.cc:12] any other log line is kept\n"
     )
-    assert trainer_lines(recorded) == ["trainer: error: I0000 in a message is the trainer's"]
+    assert trainer_lines(recorded) == [
+        "trainer: error: I0000 in a message is the trainer's",
+        "I0000 00:00:1795659607.1   28868 loop.cc:12] any other log line is kept",
+    ]
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
