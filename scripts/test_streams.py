@@ -4,8 +4,9 @@ in one and the rest in the other, when both are selected.
 Why: the docker tests spend most of their time waiting (a node that must
 stop itself after 45 s of idleness, a preempted VM brought back, sshd
 containers booting), and the rest are mostly CPU (real TensorFlow jobs). In
-one session the waits leave the cores idle: a whole run measured 38% busy
-on a 2-core machine. Run side by side, the waits overlap the CPU work.
+one session the waits leave the cores idle: a clean-clone CI run kept a
+2-core machine 51% busy, in 21:19. Side by side, the waits overlap the CPU
+work: 16:17 on the same machine.
 
     python scripts/test_streams.py [-m MARKERS] [PYTEST ARGS ...]
 
