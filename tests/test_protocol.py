@@ -104,7 +104,9 @@ def test_fields_arrive_typed_and_clean() -> None:
         "workers": 2,
         "ps": 1,
     }
-    assert describe(start) == "training [red]x[/] $\\frac{$ (async) for 400 steps on 2 worker(s), 1 ps"
+    assert (
+        describe(start) == "training [red]x[/] $\\frac{$ (async) for 400 steps on 2 worker(s), 1 ps"
+    )
     error = parse_line('@tfcluster {"event":"error","message":"' + "x\\u0007" * 5000 + '"}')
     assert error is not None and error.get("message") == "x" * 2000
     progress = parse_line(
