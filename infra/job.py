@@ -485,8 +485,9 @@ class Job:
             self.fetch(dest)
         except (HostKeyChanged, UnsafeRemoteEntry):
             raise  # a node that may be someone else's: an error, never a warning
-        except RemoteError as exc:
-            log.warning("could not fetch the run folder: %s", exc)
+        except RemoteError as exc:  # a fetch limit too: its hint says which to raise
+            hint = f"; {exc.hint}" if exc.hint else ""
+            log.warning("could not fetch the run folder: %s%s", exc, hint)
         if failed:
             self.failure = self.failure_details(failed)
         return self.exit_code
