@@ -680,21 +680,24 @@ def _gone(pid: int) -> bool:
 
 def test_a_writer_past_the_limit_is_stopped_while_it_writes(tmp_path: Path) -> None:
     """What rsync's receiver writes is whatever the node's rsync sends: the
-    watch stops it mid-stream (here a writer that never ends, with a child
+    watch stops it mid-stream (here a writer of ten times the limit, with a child
     as rsync has its ssh), the whole process group, and names the file
     (rsync's temporary name read back as the node's)."""
     staging = tmp_path / "stage"
     staging.mkdir()
     writer = (
-        "import os, sys\n"
+        "import os, sys, time\n"
         "child = os.fork()\n"
         "with open(sys.argv[1] + '/.pids', 'a') as f:\n"
         "    f.write(f'{os.getpid()}\\n')\n"
         "name = '/.events.out.Ab12Cd' if child else '/.ckpt.Zz99Yy'\n"
+        # Bounded (50 MB, ten times the limit): a watch that failed to stop
+        # it makes this test fail, never the disk fill up.
         "with open(sys.argv[1] + name, 'wb') as f:\n"
-        "    while True:\n"
+        "    for _ in range(800):\n"
         "        f.write(b'x' * 65536)\n"
         "        f.flush()\n"
+        "        time.sleep(0.002)\n"
     )
     limits = FetchLimits(max_bytes=5_000_000, max_entries=10, timeout=5)
     watch = StagingWatch("pc-1", REMOTE, staging, limits)
