@@ -22,7 +22,7 @@ from infra.config import check_env_name
 from infra.destination import check_destination
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
-from infra.job import Job
+from infra.job import Job, shielded
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
 from infra.lifecycle import require_running
 from infra.progress import ProgressEvent, StartupClock
@@ -189,6 +189,7 @@ class ClusterJobs(ClusterBase):
         """Refuse if a job is running (leaving it alone), sync the code (and
         the working folder of a user's program), start every task and
         remember the job. ``Job.watch`` then follows it to its end."""
+        on_event = shielded(on_event)
         clock = StartupClock(on_event, self.started)
         if (running := self.running_job(finish=True)) is not None:
             raise _busy(running)

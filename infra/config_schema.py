@@ -1,5 +1,5 @@
 """cluster.yaml's schema: one pydantic model per section (``Roles``,
-``Ports``, ``SshConfig``, ``SetupConfig``, ``JobConfig``) and
+``Ports``, ``SshConfig``, ``SetupConfig``, ``JobConfig``, ``FetchConfig``) and
 ``ClusterConfig``, which holds them and checks what spans sections (roles
 against nodes, a mode against its roles).
 
@@ -21,7 +21,7 @@ import os
 import posixpath
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -36,6 +36,9 @@ from pydantic_core import PydanticCustomError
 from infra.config_base import Port, Strict, show
 from infra.config_hosts import HostConfig, host_shorthand
 from trainer import catalog
+
+if TYPE_CHECKING:
+    from infra.fetch import FetchLimits
 
 # GCE's rule for instance, firewall and label-value names (RFC 1035).
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
@@ -218,6 +221,27 @@ class JobConfig(Strict):
         return env
 
 
+class FetchConfig(Strict):
+    """What a fetch (the end of `train`/`run`, `deploy.py fetch`) takes from a
+    node at most: a node is not trusted to send only what it lists
+    (infra/fetch.py). The defaults hold a real run folder many times over:
+    the convnet's (the largest built-in model) with its 3 checkpoints kept
+    is about 2 GB (658 MB a checkpoint, measured) in 13 entries."""
+
+    # Gigabytes (10^9 bytes) the run folder may hold, every file counted
+    # (those already here and unchanged too).
+    max_gb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 50.0
+    # Files and folders the run folder may hold.
+    max_entries: Annotated[int, Field(ge=1)] = 100_000
+    # Seconds a node may leave a listing or a read unanswered.
+    timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 120.0
+
+    def limits(self) -> FetchLimits:
+        from infra.fetch import FetchLimits
+
+        return FetchLimits(int(self.max_gb * 1e9), self.max_entries, self.timeout)
+
+
 def _autostop(value: Any) -> int | None:
     from infra.autostop import parse_duration
 
@@ -256,6 +280,7 @@ class ClusterConfig(Strict):
     hosts: dict[str, Annotated[HostConfig, BeforeValidator(host_shorthand)]] = {}
     setup: SetupConfig = SetupConfig()
     job: JobConfig = JobConfig()
+    fetch: FetchConfig = FetchConfig()
     # Stop every node once no job task has run for this long (45s, 30m, 2h;
     # off by default): infra/autostop.py. Seconds once validated.
     autostop: Annotated[int | None, BeforeValidator(_autostop)] = None

@@ -81,6 +81,13 @@ class UnsafeRemoteEntry(RemoteError):
     than warning."""
 
 
+class FetchLimitExceeded(RemoteError):
+    """A fetch met one of cluster.yaml's ``fetch`` limits (its size, its
+    number of entries, a node silent too long): the message names the node
+    and the file, and no partial file is left under its own name. Exit
+    code 7; at the end of a job, a warning (the run stays on the node)."""
+
+
 class JobFailed(TfclusterError):
     """The job failed. Its exit code is the chief's own (or the failing
     task's), so that ``deploy.py train`` and ``run`` exit as the program

@@ -38,7 +38,8 @@ from infra.errors import (
     combine_errors,
 )
 from infra.job_spec import JobRecord, JobSpec
-from infra.progress import ProgressEvent, StartupClock, parse_line
+from infra.progress import StartupClock
+from infra.protocol import ProgressEvent, parse_line
 from infra.text import node_text
 from infra.tfconfig import TaskSpec, tf_config_json
 from infra.transport import CommandResult, Transport
@@ -49,6 +50,24 @@ log = logging.getLogger("tfcluster")
 FAILURE_LINES = 15
 # Seconds of one readiness poll: how late a death on another node is seen.
 READY_POLL_S = 5.0
+
+
+def shielded(report: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``report`` (a front end's, given the chief's events and lines), made
+    unable to end the job: whatever the chief prints, a reporter that fails
+    on it (a bug in a view) costs that line, never the job or its tasks."""
+    if getattr(report, "shields", None) is not None:
+        return report
+
+    def shield(what: Any) -> None:
+        try:
+            report(what)
+        except Exception as exc:
+            log.debug("the reporter failed on the chief's line", exc_info=True)
+            log.warning("could not show a line of the chief's (%r); the job goes on", exc)
+
+    shield.shields = report  # type: ignore[attr-defined]
+    return shield
 
 
 class Job:
@@ -68,6 +87,7 @@ class Job:
         clock: StartupClock | None = None,
     ) -> None:
         self.transport = transport
+        on_event, on_log = shielded(on_event), shielded(on_log)
         # The start-up's stages, said as events (and told to the chief).
         self.clock = clock or StartupClock(on_event)
         self.tasks = list(tasks)
@@ -465,8 +485,9 @@ class Job:
             self.fetch(dest)
         except (HostKeyChanged, UnsafeRemoteEntry):
             raise  # a node that may be someone else's: an error, never a warning
-        except RemoteError as exc:
-            log.warning("could not fetch the run folder: %s", exc)
+        except RemoteError as exc:  # a fetch limit too: its hint says which to raise
+            hint = f"; {exc.hint}" if exc.hint else ""
+            log.warning("could not fetch the run folder: %s%s", exc, hint)
         if failed:
             self.failure = self.failure_details(failed)
         return self.exit_code

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.progress import ProgressEvent, parse_line
+from infra.protocol import ProgressEvent, parse_line
 from infra.tfconfig import TaskSpec, build_tasks, tf_config_json
 from trainer import catalog
 

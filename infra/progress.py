@@ -1,9 +1,11 @@
-"""Parsing the chief's progress protocol.
+"""The chief's progress events, said: ``describe`` (a line for logs, the
+live view and non-TTY output), ``summary_text``, and ``StartupClock`` (the
+orchestrator's own start-up stages, as events).
 
-The trainer prints one line per event, ``@tfcluster {json}``
-(``trainer/progress.py`` writes them); everything else on its stdout is
-ordinary log text. Parsing lives here, apart from the command that tails
-the log, so it can be tested on recorded output.
+Which lines are events, and the type of each field, is
+``infra/protocol.py`` (``parse_line``, ``ProgressEvent``, re-exported
+here); what it lets through is typed, and the formatting below still shows
+a field it does not know rather than fail.
 """
 
 from __future__ import annotations
@@ -12,13 +14,24 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from infra.protocol import PREFIX, ProgressEvent, parse_line
 from infra.text import node_text
 from trainer.progress import STARTUP_ENV
 
-PREFIX = "@tfcluster "
+__all__ = [
+    "PREFIX",
+    "STAGES",
+    "ProgressEvent",
+    "StartupClock",
+    "describe",
+    "format_seconds",
+    "metrics_text",
+    "number",
+    "parse_line",
+    "summary_text",
+]
 
 # What each start-up stage is called on screen (the trainer's and ours).
 STAGES = {
@@ -31,34 +44,6 @@ STAGES = {
     "build": "model and inputs built",
     "first_step": "first step",
 }
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """One event from the chief: start, progress, phase, checkpoint, done, error."""
-
-    kind: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-
-def parse_line(line: str) -> ProgressEvent | None:
-    """The event on ``line``, or None for ordinary log text (and for a
-    malformed event, which must never stop a training run from being shown)."""
-    start = line.find(PREFIX)
-    if start < 0:
-        return None
-    try:
-        data = json.loads(line[start + len(PREFIX) :])
-    except (ValueError, RecursionError):
-        # ValueError: malformed JSON, or an integer of more digits than
-        # Python converts; RecursionError: arrays nested thousands deep.
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
-        return None
-    return ProgressEvent(kind=data.pop("event"), data=data)
 
 
 class StartupClock:

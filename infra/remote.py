@@ -35,9 +35,9 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 from paramiko.ssh_exception import SSHException
 
 from infra.config import ClusterConfig
-from infra.errors import RemoteError, combine_errors
+from infra.errors import FetchLimitExceeded, RemoteError, combine_errors
 from infra.fanout import fan_out
-from infra.fetch import fetch_staged, rsync_fetch_args, sftp_fetch
+from infra.fetch import fetch_staged, rsync_fetch_args, run_watched, sftp_fetch, silent
 from infra.hostkeys import SSH_HOST_KEY_REFUSED, forget_host, host_key_changed, known_hosts_name
 from infra.ssh_connections import SshConnections, SshTarget
 from infra.ssh_stream import follow
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from infra.providers.base import HostKeys
 
 log = logging.getLogger("tfcluster")
+# rsync's exit codes for a peer silent past --timeout (RERR_TIMEOUT, RERR_CONTIMEOUT).
+RSYNC_TIMED_OUT, RSYNC_CONNECT_TIMED_OUT = 30, 35
 # Paramiko logs every failed handshake (a booting node's closed banner) with
 # a traceback at ERROR; each failure reaches the user once, as a RemoteError
 # with its fix, so its own log is kept to what is fatal.
@@ -263,27 +265,37 @@ class SshTransport(Transport):
 
     def rsync(self, node: str, args: Sequence[str], *, timeout: float | None = None) -> str:
         """Run local rsync with ``args`` over this node's SSH settings; its stdout."""
+        done = self.run_rsync(node, args, timeout=timeout)
+        if done.returncode != 0:
+            raise _rsync_failed(node, done)
+        return done.stdout
+
+    def run_rsync(
+        self,
+        node: str,
+        args: Sequence[str],
+        *,
+        timeout: float | None = None,
+        watch: Callable[[], None] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """``rsync`` whatever its exit code; a host key the system ssh
+        refused is ``HostKeyChanged``. ``watch``: see ``run_watched``."""
         # Pin the host first through paramiko (first contact records it),
         # so that ssh's StrictHostKeyChecking=yes then finds it.
         self.connection(node)
         argv = ["rsync", "-e", shlex.join(self.ssh_argv(node)), *args]
         try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-            )
+            done = run_watched(argv, timeout=timeout, watch=watch)
         except subprocess.TimeoutExpired:
             raise RemoteError(f"{node}: rsync timed out after {timeout:g} s") from None
-        if done.returncode != 0:
-            if SSH_HOST_KEY_REFUSED in done.stderr:
-                # The paramiko connection above was made with the pinned key;
-                # this new one met another (re-created node, or someone in
-                # the middle): as refused as it would be by paramiko.
-                target = self.target(node)
-                name = known_hosts_name(target.host, target.port)
-                raise host_key_changed(node, name, self.state.known_hosts, None)
-            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-            raise RemoteError(f"{node}: rsync failed (exit {done.returncode}): {tail}")
-        return done.stdout
+        if done.returncode != 0 and SSH_HOST_KEY_REFUSED in done.stderr:
+            # The paramiko connection above was made with the pinned key;
+            # this new one met another (re-created node, or someone in
+            # the middle): as refused as it would be by paramiko.
+            target = self.target(node)
+            name = known_hosts_name(target.host, target.port)
+            raise host_key_changed(node, name, self.state.known_hosts, None)
+        return done
 
     def fetch(self, node: str, remote_path: str, local_dir: Path) -> None:
         """The folder ``remote_path`` into ``local_dir``, incrementally: rsync
@@ -298,20 +310,28 @@ class SshTransport(Transport):
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
         remote = remote_path.rstrip("/") or "/"
+        limits = self.config.fetch.limits()
         if self.has_rsync(node):
             check = self.run(node, f"test -d {_word(remote)}", timeout=30)
             if not check.ok:
                 raise RemoteError(f"{node}: {remote_path} does not exist")
             source = self.rsync_remote(node, remote + "/")
-            fetch_staged(
-                node,
-                remote,
-                local_dir,
-                lambda staging: self.rsync(node, rsync_fetch_args(source, staging, local_dir)),
-            )
+
+            def pull(staging: Path, watch: Callable[[], None]) -> None:
+                args = rsync_fetch_args(source, staging, local_dir, limits.timeout)
+                done = self.run_rsync(node, args, watch=watch)
+                if done.returncode in (RSYNC_TIMED_OUT, RSYNC_CONNECT_TIMED_OUT):
+                    raise silent(node, remote, limits)
+                if done.returncode != 0:
+                    raise _rsync_failed(node, done)
+
+            fetch_staged(node, remote, local_dir, pull, limits)
             return
         try:
-            sftp_fetch(node, self.sftp(node), remote, remote_path, local_dir)
+            sftp_fetch(node, self.sftp(node), remote, remote_path, local_dir, limits)
+        except FetchLimitExceeded:
+            self._drop(node)  # answers to what was asked may still come
+            raise
         except (SSHException, EOFError) as exc:
             self._drop(node)
             raise RemoteError(f"{node}: lost the SSH connection while fetching: {exc}") from None
@@ -385,6 +405,11 @@ def _ssh_option_path(path: Path) -> str:
     if all(c.isalnum() or c in "_./+,:@-" for c in text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _rsync_failed(node: str, done: subprocess.CompletedProcess[str]) -> RemoteError:
+    tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+    return RemoteError(f"{node}: rsync failed (exit {done.returncode}): {tail}")
 
 
 def _word(path: str) -> str:

@@ -11,16 +11,24 @@ amount of data whatever the mode: an async step uses one worker's batch, a
 sync or average step one batch per worker. The 1-worker baseline of a model
 is, in order of preference, a 1-worker run of the same mode, a ``single``
 run, any 1-worker run.
+
+A summary.json comes from a node (or anyone): a field that is not a number
+is shown as text (``"two"`` workers), never a crash, and a name with ``$``
+in it is drawn as it is written, never as matplotlib's mathtext or LaTeX
+(``literal_text``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.text import node_text
 from trainer import catalog
 
 SUMMARY_FILE = "summary.json"
@@ -51,11 +59,12 @@ class Row:
     path: Path
     model: str
     mode: str
-    workers: int
-    ps: int
-    steps: int
-    training_seconds: float
-    examples_per_sec: float
+    # Each a number, or the summary's value as text where it is not one.
+    workers: int | str
+    ps: int | str
+    steps: int | str
+    training_seconds: float | str
+    examples_per_sec: float | str
     speedup: float | None  # vs the model's 1-worker run; None without one
     metric: str | None  # "test_accuracy" or "psnr_reconstructed"
     value: float | None
@@ -118,19 +127,43 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
+def as_float(value: Any) -> float | None:
+    """A number of a summary as a float; None for anything else (a bool, a
+    string, an integer past float's range)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def _text(value: Any) -> str:
+    """A summary's value shown as text (no terminal control, cut short)."""
+    return node_text(str(value))[:60]
+
+
+def _count(value: Any) -> int | str:
+    return value if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+
+
+def _real(value: Any) -> float | str:
+    number = as_float(value)
+    return number if number is not None else _text(value)
+
+
 def _final_metric(summary: dict[str, Any]) -> tuple[str | None, float | None]:
     for name, _ in FINAL_METRICS:
-        if isinstance(summary.get(name), int | float):
-            return name, float(summary[name])
+        if (value := as_float(summary.get(name))) is not None:
+            return name, value
     return None, None
 
 
-def _baseline(run: Run, runs: Sequence[Run]) -> Run | None:
-    model = run.summary["model"]
-    singles = [r for r in runs if r.summary["model"] == model and r.summary["workers"] == 1]
+def _baseline(row: Row, rows: Sequence[Row]) -> Row | None:
+    singles = [r for r in rows if r.model == row.model and r.workers == 1]
     for prefer in (
-        lambda r: r.summary["mode"] == run.summary["mode"],
-        lambda r: r.summary["mode"] == "single",
+        lambda r: r.mode == row.mode,
+        lambda r: r.mode == "single",
         lambda r: True,
     ):
         found = [r for r in singles if prefer(r)]
@@ -139,31 +172,49 @@ def _baseline(run: Run, runs: Sequence[Run]) -> Run | None:
     return None
 
 
+def _row(run: Run) -> Row:
+    s = run.summary
+    metric, value = _final_metric(s)
+    return Row(
+        run=run.path.name,
+        path=run.path,
+        model=_text(s["model"]),
+        mode=_text(s["mode"]),
+        workers=_count(s["workers"]),
+        ps=_count(s.get("ps", 0)),
+        steps=_count(s["steps"]),
+        training_seconds=_real(s["training_seconds"]),
+        examples_per_sec=_real(s["examples_per_sec"]),
+        speedup=None,
+        metric=metric,
+        value=value,
+    )
+
+
 def compute_rows(runs: Sequence[Run]) -> list[Row]:
     """One row per run, in the order given."""
-    rows = []
-    for run in runs:
-        s = run.summary
-        base = _baseline(run, runs)
-        base_speed = float(base.summary["examples_per_sec"]) if base is not None else 0.0
-        metric, value = _final_metric(s)
-        rows.append(
-            Row(
-                run=run.path.name,
-                path=run.path,
-                model=str(s["model"]),
-                mode=str(s["mode"]),
-                workers=int(s["workers"]),
-                ps=int(s.get("ps", 0)),
-                steps=int(s["steps"]),
-                training_seconds=float(s["training_seconds"]),
-                examples_per_sec=float(s["examples_per_sec"]),
-                speedup=float(s["examples_per_sec"]) / base_speed if base_speed > 0 else None,
-                metric=metric,
-                value=value,
-            )
-        )
-    return rows
+    rows = [_row(run) for run in runs]
+    out = []
+    for row in rows:
+        base = _baseline(row, rows)
+        speed, base_speed = row.examples_per_sec, base.examples_per_sec if base else None
+        speedup = None
+        if isinstance(speed, float) and isinstance(base_speed, float) and base_speed > 0:
+            speedup = speed / base_speed
+        out.append(dataclasses.replace(row, speedup=speedup))
+    return out
+
+
+@contextlib.contextmanager
+def literal_text() -> Iterator[None]:
+    """Within: every text matplotlib makes is drawn as written. Run, model,
+    metric and parameter names come from files: ``$\\frac{$`` as mathtext
+    (or anything through a user's ``text.usetex``) failed the whole report.
+    Tick labels are made as the figure is drawn: save inside too."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        yield
 
 
 def speedup_note(rows: Sequence[Row]) -> str | None:
@@ -183,15 +234,19 @@ def write_plot(rows_or_runs: Sequence[Row] | Sequence[Run], path: str | Path) ->
     ideal linear speedup), and each training metric against training time."""
     import matplotlib.pyplot as plt
 
-    fig = plot_figure(rows_or_runs)
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    with literal_text():
+        fig = plot_figure(rows_or_runs)
+        out = Path(path)
+        try:
+            fig.savefig(out, dpi=100)
+        finally:
+            plt.close(fig)
     return out
 
 
 def plot_figure(rows_or_runs: Sequence[Row] | Sequence[Run]) -> Any:
-    """The matplotlib Figure that ``write_plot`` saves (close it after use)."""
+    """The matplotlib Figure that ``write_plot`` saves (close it after use;
+    make it and save it within ``literal_text``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -203,10 +258,11 @@ def plot_figure(rows_or_runs: Sequence[Row] | Sequence[Run]) -> Any:
     fig, axes = plt.subplots(1, 1 + len(kinds), figsize=(5.5 * (1 + len(kinds)), 4), squeeze=False)
     speed = axes[0][0]
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for row in rows:
+    counted = [row for row in rows if isinstance(row.workers, int)]
+    for row in counted:
         if row.speedup is not None:
-            series.setdefault((row.model, row.mode), []).append((row.workers, row.speedup))
-    most = max([row.workers for row in rows] + [1])
+            series.setdefault((row.model, row.mode), []).append((int(row.workers), row.speedup))
+    most = max([int(row.workers) for row in counted] + [1])
     speed.plot([1, most], [1, most], linestyle=":", color="gray", label="linear")
     for (model, mode), points in sorted(series.items()):
         # Every speedup is relative to a 1-worker run: each line starts there.
@@ -229,17 +285,19 @@ def plot_figure(rows_or_runs: Sequence[Row] | Sequence[Run]) -> Any:
     speed.xaxis.get_major_locator().set_params(integer=True)
     speed.legend(fontsize="small")
     for axis, kind in zip(axes[0][1:], kinds, strict=True):
-        for run in runs:
-            points = [
-                (m["elapsed"], m[kind]) for m in run.metrics if isinstance(m.get(kind), int | float)
+        for run, row in zip(runs, rows, strict=True):
+            curve = [
+                (x, y)
+                for m in run.metrics
+                if (x := as_float(m["elapsed"])) is not None
+                and (y := as_float(m.get(kind))) is not None
             ]
-            if points:
-                s = run.summary
+            if curve:
                 axis.plot(
-                    [p[0] for p in points],
-                    [p[1] for p in points],
+                    [p[0] for p in curve],
+                    [p[1] for p in curve],
                     marker=".",
-                    label=f"{run.path.name}: {s['model']} {s['mode']} x{s['workers']}",
+                    label=f"{row.run[:60]}: {row.model} {row.mode} x{row.workers}",
                 )
         axis.set(xlabel="training seconds", ylabel=f"training {kind}", title=f"Time to {kind}")
         axis.legend(fontsize="small")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.report import ReportError
+from infra.report import ReportError, literal_text
 from infra.sweep_trial import SWEEP_FILE, numbers
 from infra.text import node_text
 
@@ -158,6 +158,12 @@ def write_sweep_plot(report: SweepReport, path: str | Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
+
+    with literal_text():  # parameter and metric names drawn as written
+        return _save_sweep_plot(report, Path(path))
+
+
+def _save_sweep_plot(report: SweepReport, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     # A panel per parameter, the first MAX_PANELS: a sweep.json naming
@@ -189,7 +195,6 @@ def write_sweep_plot(report: SweepReport, path: str | Path) -> Path:
             axis.legend(fontsize="small")
     fig.suptitle(f"sweep {report.sweep_id}")
     fig.tight_layout()
-    out = Path(path)
     # Written beside, then renamed over: a report.png that is a symlink
     # (a sweep folder from elsewhere) is replaced, never written through
     # (it overwrote whatever file it pointed to).

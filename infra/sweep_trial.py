@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra.progress import parse_line
+from infra.protocol import parse_line
 from infra.text import node_text
 
 SWEEP_FILE = "sweep.json"

@@ -5,9 +5,14 @@ its own connection code (key login, host key pinning, Fabric, SFTP).
 ``FakeNode(listing=...)``: SFTP answers from ``listing(path)`` (a folder's
 entries, or None where ``path`` is a file whose content is ``CONTENT``);
 every command fails (exit 1: no rsync, so a fetch takes the SFTP path).
+``streaming=True``: a file declared ``len(CONTENT)`` bytes long answers a
+read at any offset, for ever (``reads`` records the offsets asked);
+``silent_listing=True``: a folder's listing is never answered (until the
+node is closed).
 ``FakeNode(home=...)``: commands run with ``sh -c`` in ``home`` (so the
 system ssh and rsync work against it) and SFTP is paramiko's own, served
-from ``home``.
+from ``home``; ``bin``: a folder first on those commands' PATH (a node's
+own rsync, say).
 """
 
 from __future__ import annotations
@@ -63,6 +68,18 @@ class _Handle(paramiko.SFTPHandle):
         return _attrs("", FILE, len(CONTENT))
 
 
+class _Endless(_Handle):
+    """A file that goes on past the size it declared."""
+
+    def __init__(self, node: FakeNode) -> None:
+        super().__init__()
+        self.node = node
+
+    def read(self, offset: int, length: int) -> bytes:
+        self.node.reads.append(offset)
+        return b"x" * length
+
+
 class _LyingSFTP(paramiko.SFTPServerInterface):
     def __init__(self, server: paramiko.ServerInterface, node: FakeNode) -> None:
         super().__init__(server)
@@ -71,6 +88,8 @@ class _LyingSFTP(paramiko.SFTPServerInterface):
     def list_folder(self, path: str) -> list[paramiko.SFTPAttributes] | int:
         assert self.node.listing is not None
         self.node.requests.append(("list", path))
+        if self.node.silent_listing:
+            self.node._stop.wait()
         entries = self.node.listing(path)
         if entries is None:
             return SFTP_NO_SUCH_FILE
@@ -88,7 +107,7 @@ class _LyingSFTP(paramiko.SFTPServerInterface):
         self.node.requests.append(("open", path))
         if flags & (os.O_WRONLY | os.O_RDWR):
             return SFTP_PERMISSION_DENIED
-        return _Handle()
+        return _Endless(self.node) if self.node.streaming else _Handle()
 
 
 class _HomeSFTP(paramiko.SFTPServerInterface):
@@ -172,11 +191,18 @@ class FakeNode:
         listing: Listing | None = None,
         home: Path | None = None,
         follow_output: str | None = None,
+        streaming: bool = False,
+        silent_listing: bool = False,
+        bin: Path | None = None,
     ) -> None:
         self.authorized = authorized
         self.listing = listing
         self.home = home
         self.follow_output = follow_output
+        self.streaming = streaming
+        self.silent_listing = silent_listing
+        self.bin = bin
+        self.reads: list[int] = []
         # paramiko generates no ed25519 keys; ECDSA is what OpenSSH accepts too.
         self.host_key: paramiko.PKey = paramiko.ECDSAKey.generate()
         self.requests: list[tuple[str, str]] = []
@@ -225,10 +251,14 @@ class FakeNode:
             channel.close()
 
     def _shell(self, channel: paramiko.Channel, command: str) -> None:
+        env = dict(os.environ)
+        if self.bin is not None:
+            env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
         proc = subprocess.Popen(
             command,
             shell=True,
             cwd=self.home,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

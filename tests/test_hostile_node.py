@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -19,8 +21,16 @@ import paramiko
 import pytest
 
 from infra.config import ClusterConfig, parse_config
-from infra.errors import HostKeyChanged, UnsafeRemoteEntry
-from infra.fetch import STAGING_PREFIX, _merge_staged, _plain_name, rsync_fetch_args
+from infra.errors import ConfigError, FetchLimitExceeded, HostKeyChanged, UnsafeRemoteEntry
+from infra.fetch import (
+    STAGING_PREFIX,
+    FetchLimits,
+    StagingWatch,
+    _merge_staged,
+    _plain_name,
+    rsync_fetch_args,
+    run_watched,
+)
 from infra.job import Job
 from infra.job_spec import JobRecord, JobSpec, Program
 from infra.keys import ensure_key_pair
@@ -43,7 +53,7 @@ from tests.hostile_node import (
 REMOTE = "tfcluster/runs/r1"
 
 
-def _config() -> ClusterConfig:
+def _config(**fetch: object) -> ClusterConfig:
     return parse_config(
         {
             "name": "t",
@@ -51,6 +61,7 @@ def _config() -> ClusterConfig:
             "nodes": ["pc-1", "pc-2"],
             "roles": {"ps": "pc-1", "chief": "pc-1", "worker": "pc-2"},
             "hosts": {"pc-1": "127.0.0.1", "pc-2": "127.0.0.1"},
+            "fetch": fetch,
         },
         source="test",
     )
@@ -63,11 +74,12 @@ def key(tmp_path: Path) -> Path:
     return path
 
 
-def _transport(tmp_path: Path, key: Path, port: int) -> SshTransport:
+def _transport(tmp_path: Path, key: Path, port: int, **fetch: object) -> SshTransport:
+    """The node's transport; ``fetch``: cluster.yaml's fetch limits."""
     state = ClusterState("t", home=tmp_path / "home")
     return SshTransport(
         [SshTarget("pc-1", "127.0.0.1", port)],
-        config=_config(),
+        config=_config(**fetch),
         state=state,
         key_file=key,
     )
@@ -321,13 +333,13 @@ def test_a_run_id_from_new_run_id_reads_back() -> None:
 
 
 def test_rsync_fetch_arguments(tmp_path: Path) -> None:
-    args = rsync_fetch_args("me@h:tfcluster/runs/r1/", tmp_path / "stage", tmp_path)
+    args = rsync_fetch_args("me@h:tfcluster/runs/r1/", tmp_path / "stage", tmp_path, 120.0)
     # No -a, -l, -D, -p: no symlink, device or mode comes from the node.
     assert not {"-a", "-l", "-D", "-p", "--links", "--devices", "--specials", "--perms"} & set(args)
     assert not [
         a for a in args if a.startswith("-") and not a.startswith("--") and set(a) & set("alDpgo")
     ]
-    assert "--safe-links" in args and "-s" in args
+    assert "--safe-links" in args and "-s" in args and "--timeout=120" in args
     assert f"--link-dest={tmp_path.resolve()}" in args
     assert args[-3:] == ["--", "me@h:tfcluster/runs/r1/", f"{tmp_path / 'stage'}/"]
 
@@ -423,13 +435,13 @@ def test_sftp_fetch_of_a_real_tree_with_a_symlink_is_refused(
 # -- the whole command: `deploy.py fetch` against the node ------------------------------
 
 
-def _cli_cluster(tmp_path: Path, key: Path, port: int, run_id: object) -> Path:
+def _cli_cluster(tmp_path: Path, key: Path, port: int, run_id: object, more: str = "") -> Path:
     config = tmp_path / "cluster.yaml"
     config.write_text(
         "name: hostile\nprovider: ssh\nnodes: [pc-1, pc-2]\n"
         "roles: {ps: pc-1, chief: pc-1, worker: pc-2}\n"
         f"hosts: {{pc-1: '127.0.0.1:{port}', pc-2: '127.0.0.1:{port}'}}\n"
-        f"ssh: {{key_file: '{key}'}}\n"
+        f"ssh: {{key_file: '{key}'}}\n" + more
     )
     chief = {"type": "chief", "index": 0, "node": "pc-1", "host": "127.0.0.1", "port": 2222}
     ClusterState("hostile").update(
@@ -504,3 +516,232 @@ def test_rsync_meeting_another_host_key_is_exit_8(
             transport.fetch("pc-1", REMOTE, dest)
     assert str(caught.value).startswith("pc-1: ") and "\n" not in str(caught.value)
     assert caught.value.exit_code == 8
+
+
+# -- what a fetch takes at most: cluster.yaml's fetch limits -----------------------------
+
+
+def _leftovers(dest: Path) -> list[Path]:
+    return [p for p in dest.rglob("*") if p.name.startswith(STAGING_PREFIX)]
+
+
+def test_a_file_that_streams_past_its_declared_size_is_read_to_that_size(
+    tmp_path: Path, key: Path, dest: Path
+) -> None:
+    """paramiko's getfo read on to the end the node chose: a "20-byte" file
+    streamed 8.6 MB in 10 s and went on. Reads are asked for up to the
+    declared size only."""
+    listing = {REMOTE: [("events.out", FILE), ("metrics.jsonl", FILE)]}
+    with (
+        fake_node(paramiko.PKey.from_path(key), listing=_listing(listing), streaming=True) as node,
+        _transport(tmp_path, key, node.port) as transport,
+    ):
+        transport.fetch("pc-1", REMOTE, dest)
+    for name in ("events.out", "metrics.jsonl"):
+        assert (dest / name).read_bytes() == b"x" * len(CONTENT)
+    assert node.reads and max(node.reads) < len(CONTENT)
+    assert not _leftovers(dest)
+
+
+def test_more_entries_than_the_limit_is_one_line_naming_the_entry(
+    tmp_path: Path, key: Path, dest: Path
+) -> None:
+    listing = {
+        REMOTE: [("ckpt", DIR), ("a", FILE)],
+        f"{REMOTE}/ckpt": [(f"f{i}", FILE) for i in range(10_000)],
+    }
+    with (
+        fake_node(paramiko.PKey.from_path(key), listing=_listing(listing)) as node,
+        _transport(tmp_path, key, node.port, max_entries=5) as transport,
+        pytest.raises(FetchLimitExceeded) as caught,
+    ):
+        transport.fetch("pc-1", REMOTE, dest)
+    message = str(caught.value)
+    assert message == (
+        f"pc-1: '{REMOTE}/ckpt/f3' takes the run folder past 5 files and folders "
+        "(fetch.max_entries); it was not kept"
+    )
+    assert caught.value.exit_code == 7 and "fetch" in (caught.value.hint or "")
+    # Checked as the listing came: nothing of that folder was opened.
+    assert not [r for r in node.requests if r[0] == "open" and "/ckpt/" in r[1]]
+    assert not _leftovers(dest)
+
+
+def test_a_run_folder_past_the_size_limit_stops_at_the_file_that_passes_it(
+    tmp_path: Path, key: Path, dest: Path
+) -> None:
+    """Declared sizes are counted before a file is read: with room for
+    two files of CONTENT, the third is refused unread, the two before it
+    are whole (no partial file under a file's name)."""
+    listing = {REMOTE: [("a", FILE), ("b", FILE), ("c", FILE), ("d", FILE)]}
+    limit_gb = 2.5 * len(CONTENT) / 1e9
+    with (
+        fake_node(paramiko.PKey.from_path(key), listing=_listing(listing)) as node,
+        _transport(tmp_path, key, node.port, max_gb=limit_gb) as transport,
+        pytest.raises(FetchLimitExceeded, match=f"'{REMOTE}/c' takes the run folder past 5e-08 GB"),
+    ):
+        transport.fetch("pc-1", REMOTE, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["a", "b"]
+    assert (dest / "b").read_bytes() == CONTENT
+    assert ("open", f"{REMOTE}/c") not in node.requests
+
+
+def test_a_node_that_never_answers_the_listing_times_out(
+    tmp_path: Path, key: Path, dest: Path
+) -> None:
+    """It blocked `train`'s fetch at the end for ever."""
+    with (
+        fake_node(
+            paramiko.PKey.from_path(key), listing=_listing({REMOTE: []}), silent_listing=True
+        ) as node,
+        _transport(tmp_path, key, node.port, timeout=1) as transport,
+        pytest.raises(FetchLimitExceeded) as caught,
+    ):
+        transport.fetch("pc-1", REMOTE, dest)
+    assert str(caught.value) == (
+        f"pc-1: no answer for 1 s while fetching '{REMOTE}' (fetch.timeout)"
+    )
+
+
+def test_the_end_of_a_job_with_a_silent_node_is_a_warning_not_a_hang(
+    tmp_path: Path, key: Path, dest: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        fake_node(
+            paramiko.PKey.from_path(key),
+            listing=_listing({REMOTE: []}),
+            follow_output="@tfcluster-exit 0\n",
+            silent_listing=True,
+        ) as node,
+        _transport(tmp_path, key, node.port, timeout=1) as transport,
+    ):
+        assert _job(transport).watch(dest) == 0
+    assert "could not fetch the run folder: pc-1: no answer for 1 s" in caplog.text
+    assert "raise it in cluster.yaml's fetch section" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("fetch", "says"),
+    [
+        ({"max_entries": 3}, f"'{REMOTE}/ckpt/ckpt-1.index' takes the run folder past 3 files"),
+        ({"max_gb": 4e-6}, f"'{REMOTE}/big' takes the run folder past 4e-06 GB"),
+    ],
+)
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="needs a local rsync")
+def test_rsync_fetch_past_a_limit_leaves_nothing(
+    tmp_path: Path, key: Path, dest: Path, fetch: dict[str, float], says: str
+) -> None:
+    home = tmp_path / "node"
+    run = home / REMOTE
+    (run / "ckpt").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "ckpt" / "ckpt-1.index").write_text("i\n")
+    (run / "big").write_bytes(b"b" * 5000)
+    dest.mkdir()
+    (dest / "kept").write_text("from before\n")
+    with (
+        fake_node(paramiko.PKey.from_path(key), home=home) as node,
+        _transport(tmp_path, key, node.port, **fetch) as transport,
+        pytest.raises(FetchLimitExceeded) as caught,
+    ):
+        transport.fetch("pc-1", REMOTE, dest)
+    assert any(c.startswith("rsync --server --sender") for c in node.commands), node.commands
+    assert str(caught.value).startswith(f"pc-1: {says}")
+    assert str(caught.value).endswith("it was not kept")
+    assert _tree(dest) == {"f kept"}  # the staging folder is gone, nothing of it landed
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="needs a local rsync")
+def test_rsync_from_a_node_whose_rsync_never_answers_times_out(
+    tmp_path: Path, key: Path, dest: Path
+) -> None:
+    """The node's rsync reads and says nothing; rsync's --timeout ends it."""
+    home, bin = tmp_path / "node", tmp_path / "bin"
+    (home / REMOTE).mkdir(parents=True)
+    bin.mkdir()
+    (bin / "rsync").write_text("#!/bin/sh\nexec cat >/dev/null\n")
+    (bin / "rsync").chmod(0o755)
+    with (
+        fake_node(paramiko.PKey.from_path(key), home=home, bin=bin) as node,
+        _transport(tmp_path, key, node.port, timeout=1) as transport,
+        pytest.raises(FetchLimitExceeded, match=r"^pc-1: no answer for 1 s while fetching"),
+    ):
+        transport.fetch("pc-1", REMOTE, dest)
+    assert _tree(dest) == set()
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has ended (a zombie nobody reaped yet counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_writer_past_the_limit_is_stopped_while_it_writes(tmp_path: Path) -> None:
+    """What rsync's receiver writes is whatever the node's rsync sends: the
+    watch stops it mid-stream (here a writer of ten times the limit, with a child
+    as rsync has its ssh), the whole process group, and names the file
+    (rsync's temporary name read back as the node's)."""
+    staging = tmp_path / "stage"
+    staging.mkdir()
+    writer = (
+        "import os, sys, time\n"
+        "child = os.fork()\n"
+        "with open(sys.argv[1] + '/.pids', 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "name = '/.events.out.Ab12Cd' if child else '/.ckpt.Zz99Yy'\n"
+        # Bounded (50 MB, ten times the limit): a watch that failed to stop
+        # it makes this test fail, never the disk fill up.
+        "with open(sys.argv[1] + name, 'wb') as f:\n"
+        "    for _ in range(800):\n"
+        "        f.write(b'x' * 65536)\n"
+        "        f.flush()\n"
+        "        time.sleep(0.002)\n"
+    )
+    limits = FetchLimits(max_bytes=5_000_000, max_entries=10, timeout=5)
+    watch = StagingWatch("pc-1", REMOTE, staging, limits)
+    with pytest.raises(FetchLimitExceeded) as caught:
+        run_watched([sys.executable, "-c", writer, str(staging)], timeout=None, watch=watch)
+    message = str(caught.value)
+    assert (
+        message.startswith(f"pc-1: '{REMOTE}/") and "takes the run folder past 0.005 GB" in message
+    )
+    assert f"'{REMOTE}/events.out'" in message or f"'{REMOTE}/ckpt'" in message
+    pids = [int(p) for p in (staging / ".pids").read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_fetch_limits_in_cluster_yaml_are_typed_and_strict() -> None:
+    assert _config().fetch.limits() == FetchLimits(50_000_000_000, 100_000, 120.0)
+    assert _config(max_gb=2, timeout=30).fetch.limits().max_bytes == 2_000_000_000
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"max_gb": 0}, "fetch.max_gb"),
+        ({"max_gb": "20G"}, "fetch.max_gb"),
+        ({"max_entries": 1.5}, "fetch.max_entries"),
+        ({"timeout": True}, "fetch.timeout"),
+        ({"max_bytes": 1}, "did you mean"),
+    ]
+    for bad, says in cases:
+        with pytest.raises(ConfigError, match=says):
+            _config(**bad)
+
+
+def test_deploy_fetch_past_a_limit_is_one_line_and_its_hint(
+    tmp_path: Path, key: Path, dest: Path
+) -> None:
+    listing = {REMOTE: [(f"events-{i}", FILE) for i in range(50)]}
+    with fake_node(paramiko.PKey.from_path(key), listing=_listing(listing)) as node:
+        config = _cli_cluster(tmp_path, key, node.port, "r1", "fetch: {max_entries: 10}\n")
+        code, out = _deploy("-c", str(config), "fetch", "--dest", str(dest.parent))
+    assert code == 7, out
+    lines = out.strip().splitlines()
+    assert lines[0] == (
+        f"error: pc-1: '{REMOTE}/events-10' takes the run folder past 10 files and folders "
+        "(fetch.max_entries); it was not kept"
+    ), out
+    assert len(lines) == 2 and lines[1].startswith("hint: if the run folder really is that large")

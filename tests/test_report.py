@@ -9,6 +9,7 @@ from typing import Any
 
 import matplotlib.image
 import pytest
+from click.testing import CliRunner
 
 from infra.report import ReportError, compute_rows, load_run, load_runs, write_plot
 
@@ -108,3 +109,63 @@ def test_corrupt_summary_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="missing workers, steps, training_seconds"):
         load_run(broken)
     assert issubclass(ReportError, ValueError)
+
+
+MATH = "$\\frac{$"  # mathtext that does not parse: matplotlib raised at savefig
+
+
+def _hostile_runs(root: Path) -> list[Path]:
+    return [
+        make_run(root, "words", model=MATH, mode="$x^{$", workers="two", ps=[1], steps="many",
+                 training_seconds="slow", examples_per_sec=None, test_accuracy="high",
+                 metrics=[{"elapsed": 1.0, "accuracy": "x"}, {"elapsed": 2.0, "accuracy": 0.5}]),
+        make_run(root, "bools", model=MATH, mode="async", workers=True, steps=1e400,
+                 training_seconds=True, examples_per_sec=10**400, test_accuracy=True),
+        make_run(root, "$one$", model=MATH, mode="async", workers=1, training_seconds=10.0,
+                 examples_per_sec=100.0, test_accuracy=0.9,
+                 metrics=[{"elapsed": 10**400, "accuracy": 0.7}, {"elapsed": 5, "accuracy": 0.8}]),
+    ]  # fmt: skip
+
+
+def test_values_that_are_not_numbers_are_shown_as_text(tmp_path: Path) -> None:
+    """A summary.json from a node: `int("two")` ended `report` with exit
+    70; now each value that is not a number is its text, and only real
+    numbers take part in speedups and the plot."""
+    words, bools, one = compute_rows(load_runs(_hostile_runs(tmp_path)))
+    assert (words.workers, words.ps, words.steps) == ("two", "[1]", "many")
+    assert (words.training_seconds, words.examples_per_sec) == ("slow", "None")
+    assert (words.metric, words.value, words.speedup) == (None, None, None)
+    assert (bools.workers, bools.steps, bools.training_seconds) == ("True", "inf", "True")
+    assert bools.examples_per_sec == "1" + "0" * 59 and bools.speedup is None  # cut short
+    assert (one.workers, one.speedup) == (1, 1.0)  # True is no 1-worker run
+
+
+def test_report_of_hostile_summaries_exits_0_and_draws_names_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through `deploy.py report`, with a user's matplotlibrc asking for
+    LaTeX (which is not installed here): names are drawn as written."""
+    import matplotlib
+
+    from deploy import cli
+
+    monkeypatch.setitem(matplotlib.rcParams, "text.usetex", True)
+    runs = [str(p) for p in _hostile_runs(tmp_path)]
+    plot = tmp_path / "report.png"
+    result = CliRunner().invoke(cli, ["report", *runs, "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    assert "two" in result.output and "slow" in result.output and MATH in result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = CliRunner().invoke(cli, ["report", *runs, "--json", "--plot", str(plot)])
+    assert json.loads(result.output)[0]["workers"] == "two"
+
+
+def test_names_in_the_plot_are_not_mathtext(tmp_path: Path) -> None:
+    from matplotlib.text import Text
+
+    from infra.report import literal_text, plot_figure
+
+    with literal_text():
+        fig = plot_figure(load_runs(_hostile_runs(tmp_path)))
+        texts = [t for t in fig.findobj(Text) if MATH in t.get_text()]
+        assert texts and not any(t._preprocess_math(t.get_text())[1] for t in texts)

@@ -199,3 +199,31 @@ def test_a_report_png_symlink_is_replaced_not_written_through(tmp_path: Path) ->
     assert victim.read_text() == "export KEEP=1\n"
     assert not (folder / "report.png").is_symlink()
     assert (folder / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_names_from_a_sweep_are_drawn_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parameter, value, metric or sweep named as mathtext that does not
+    parse (`$\\frac{$`) made `report` exit 70 at savefig; a user's
+    matplotlibrc with text.usetex (no LaTeX here) too."""
+    import matplotlib
+
+    monkeypatch.setitem(matplotlib.rcParams, "text.usetex", True)
+    math = "$\\frac{$"
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps({
+        "sweep_id": math,
+        "params": {math: [], "lr": []},
+        "trials": [
+            {"trial": i, "state": "done", "params": {math: f"{math}{i}", "lr": lr},
+             "metrics": {math: 0.5 + i, "loss": [1]}, "seconds": "slow"}
+            for i, lr in enumerate(["0.1", "0.01"])
+        ],
+    }))  # fmt: skip
+    code, out = deploy("report", str(folder))
+    assert code == 0, out
+    assert f"sweep {math}: best {math} (higher is better)" in out
+    assert f"best: trial 1 ({math}={math}1 lr=0.01): {math} 1.5" in out
+    assert (folder / "report.png").read_bytes()[:4] == b"\x89PNG"

@@ -8,6 +8,7 @@ lines.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -19,9 +20,11 @@ from rich.text import Text
 from infra.errors import JobFailed
 from infra.job import Job
 from infra.jobrun import JobReporter
-from infra.progress import ProgressEvent, describe, metrics_text, number, parse_line
+from infra.progress import describe, metrics_text, number
+from infra.protocol import ProgressEvent, parse_line
 from infra.text import node_text
 from tfcluster_cli import consoles
+from tfcluster_cli.errors import write_debug_log
 from tfcluster_cli.render import cell, params_text
 
 
@@ -76,10 +79,14 @@ class TrainView(JobReporter):
             self.progress.stop()
 
     def event(self, event: ProgressEvent) -> None:
+        self._guarded(lambda: self._event(event), lambda: describe(event))
+
+    def _event(self, event: ProgressEvent) -> None:
         if self.progress is None:
             consoles.console.print(describe(event), markup=False)
             return
         if event.kind == "start":
+            # Fields are typed (infra/protocol.py): a count or None.
             self.task_id = self.progress.add_task(
                 "training", total=event.get("total_steps") or None, detail=""
             )
@@ -89,19 +96,23 @@ class TrainView(JobReporter):
                 event.get("metrics"), ".3f"
             )
             detail += f" {number(event.get('examples_per_sec', 0), '.0f')} ex/s"
-            step = event.get("step", 0)
-            self.progress.update(
-                self.task_id, completed=step if isinstance(step, int) else 0, detail=detail
-            )
+            self.progress.update(self.task_id, completed=event.get("step") or 0, detail=detail)
         elif event.kind != "progress":
             self.progress.console.print(describe(event), markup=False)
 
     def note(self, line: str) -> None:
         """A line of tfcluster's own while the job runs (a recovery)."""
-        target = self.progress.console if self.progress else consoles.console
-        target.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+        def show() -> None:
+            target = self.progress.console if self.progress else consoles.console
+            target.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+        self._guarded(show, lambda: line)
 
     def log(self, line: str) -> None:
+        self._guarded(lambda: self._log(line), lambda: line if self.echo else None)
+
+    def _log(self, line: str) -> None:
         if self.echo:
             target = self.progress.console if self.progress else consoles.console
             target.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -111,6 +122,33 @@ class TrainView(JobReporter):
             (self.progress.console if self.progress else consoles.err_console).print(
                 f"chief: {line}", style="dim", markup=False, soft_wrap=True
             )
+
+    def _guarded(self, show: Callable[[], None], plain: Callable[[], str | None]) -> None:
+        """``show``; should the live view fail (a bug: no line from the
+        chief may stop the job), the bar is given up for plain lines,
+        once, with the traceback in the debug log, and this line is shown
+        plainly."""
+        try:
+            show()
+            return
+        except Exception:
+            if self.progress is None:
+                raise  # plain lines failing is no view's doing
+            bar, self.progress, self.task_id = self.progress, None, None
+            try:
+                where = f"details in {write_debug_log()}"
+            except OSError:
+                where = "no debug log"
+        with contextlib.suppress(Exception):
+            bar.stop()
+        consoles.err_console.print(
+            f"the progress bar failed ({where}); plain lines from here on",
+            style="yellow",
+            markup=False,
+            soft_wrap=True,
+        )
+        if (text := plain()) is not None:
+            consoles.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 class SweepView:

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.errors import ConfigError
-from infra.progress import metrics_text
+from infra.progress import metrics_text, number
 from infra.text import node_text
 from tfcluster_cli import consoles
 from tfcluster_cli.render import cell, params_text
@@ -116,8 +116,8 @@ def print_run_comparison(runs: list[Run], rows: list[Row], plot: Path) -> None:
                     r.mode,
                     r.workers,
                     r.steps,
-                    f"{r.training_seconds:.1f}",
-                    f"{r.examples_per_sec:.0f}",
+                    number(r.training_seconds, ".1f"),  # or the summary's text
+                    number(r.examples_per_sec, ".0f"),
                     f"{r.speedup:.2f}x" if r.speedup is not None else "-",
                     f"{r.metric} {r.value:.4f}" if r.metric and r.value is not None else "-",
                 )

@@ -5,6 +5,8 @@ working folder, the Python) in $TFCLUSTER_RUN_DIR/<task>.json. A ps or
 worker then listens on its TF_CONFIG port, as a tf.distribute.Server would,
 until it is stopped; the chief prints a line, waits CHIEF_SLEEP seconds and
 exits with CHIEF_CODE. FAIL_TASK=<task> makes that task fail at once.
+CHIEF_ECHO=<file>: the chief first prints that file's lines, as they are
+(a program echoing its input: tests/test_protocol.py gives it hostile ones).
 """
 
 import json
@@ -40,6 +42,10 @@ if kind != "chief":
     server.bind(("127.0.0.1", port))
     server.listen()
     time.sleep(3600)
+if echo := os.environ.get("CHIEF_ECHO"):
+    with open(echo, "rb") as f:
+        sys.stdout.buffer.write(f.read())
+    sys.stdout.flush()
 time.sleep(float(os.environ.get("CHIEF_SLEEP", "0")))
 print("chief says goodbye", flush=True)
 sys.exit(int(os.environ.get("CHIEF_CODE", "0")))
