@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from infra import commands, facts
 from infra.errors import RemoteError
+from infra.fanout import fan_out
 from infra.transport import Transport
 
 # The watcher looks this often; a shorter autostop could not be kept to.
@@ -178,6 +178,5 @@ def report(transport: Transport, names: Sequence[str]) -> dict[str, facts.Autost
             return None
         return facts.parse_autostop(result.stdout)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
-        found = dict(zip(names, pool.map(one, names), strict=True))
-    return {n: f for n, f in found.items() if f is not None}
+    found = fan_out(one, names).results
+    return {n: f for n in names if (f := found.get(n)) is not None}

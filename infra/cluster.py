@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,6 +25,7 @@ from infra.cluster_access import ClusterAccess
 from infra.cluster_base import locked
 from infra.cluster_jobs import ClusterJobs
 from infra.errors import ConfigError, CredentialsError, StateError, TfclusterError
+from infra.fanout import fan_out
 from infra.jobrun import JobReporter, JobResult, run_job
 from infra.lifecycle import (
     DownPlan,
@@ -48,6 +48,8 @@ log = logging.getLogger("tfcluster")
 # Seconds `status` waits for one node's nvidia-smi (it answers in well under
 # one; a node that hangs must not hold the table up for long).
 GPU_QUERY_TIMEOUT_S = 20.0
+# A GPU node's GPUs in `status` when nobody asked it (`up --skip-setup`).
+GPUS_UNCHECKED = "unchecked (setup skipped)"
 
 
 @dataclass(frozen=True)
@@ -78,17 +80,23 @@ class Cluster(ClusterJobs, ClusterAccess):
     """One cluster of cluster.yaml: its nodes (here), its jobs
     (``ClusterJobs``), its logs, TensorBoard and shells (``ClusterAccess``)."""
 
-    def status(self, *, all_gpus: bool = False) -> tuple[list[NodeView], float | None]:
+    def status(
+        self, *, all_gpus: bool = False, ask_gpus: bool = True
+    ) -> tuple[list[NodeView], float | None]:
         """Every declared node (absent ones too) and every labelled extra,
         with the estimated USD/hour of the cluster as it is now, and the
         GPUs of the running nodes that have an accelerator (with
         ``all_gpus``, of every running node: an ssh host's GPUs are not
-        declared anywhere)."""
+        declared anywhere). ``ask_gpus`` False: no node is asked (after
+        ``up(setup=False)`` nothing is installed to answer, and asking
+        would wait for each node's SSH); their GPUs are said unchecked."""
         nodes = self.nodes()
         by_name = {n.name: n for n in nodes}
-        gpus = self.gpus(
-            [n for n in nodes if n.state == NodeState.RUNNING and (all_gpus or n.accelerators)]
-        )
+        asked = [n for n in nodes if n.state == NodeState.RUNNING and (all_gpus or n.accelerators)]
+        if ask_gpus:
+            gpus = self.gpus(asked)
+        else:
+            gpus = {n.name: facts.GpuReport((), GPUS_UNCHECKED) for n in asked}
         names = list(self.config.nodes) + sorted(set(by_name) - set(self.config.nodes))
         views = []
         for name in names:
@@ -124,16 +132,15 @@ class Cluster(ClusterJobs, ClusterAccess):
         except TfclusterError as exc:
             return {n.name: facts.GpuReport((), f"not asked: {exc}") for n in nodes}
 
-        def ask(node: str) -> None:
+        def ask(node: str) -> facts.GpuReport:
             try:
                 result = transport.run(node, commands.gpu_query(), timeout=GPU_QUERY_TIMEOUT_S)
             except TfclusterError as exc:
-                out[node] = facts.GpuReport((), f"not asked: {exc}")
-                return
-            out[node] = facts.parse_gpus(result.stdout)
+                return facts.GpuReport((), f"not asked: {exc}")
+            return facts.parse_gpus(result.stdout)
 
-        with transport, ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
-            list(pool.map(ask, [n.name for n in nodes]))
+        with transport:
+            out.update(fan_out(ask, [n.name for n in nodes]).results)
         return out
 
     # -- lifecycle ---------------------------------------------------------------

@@ -31,6 +31,7 @@ from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 from paramiko.ssh_exception import SSHException
 
 from infra.errors import HostKeyChanged
+from infra.fanout import pause
 
 if TYPE_CHECKING:
     from infra.providers.base import HostKeys
@@ -255,7 +256,7 @@ def pin_published(
                 node, boot_timeout,
             )
             break
-        time.sleep(delay)
+        pause(delay)  # ends at once when the command is interrupted
         delay = min(delay * 1.5, 5.0)
     return published.alias
 

@@ -33,7 +33,7 @@ from paramiko.ssh_exception import (
 
 from infra.config import ClusterConfig
 from infra.errors import ConfigError, HostKeyChanged, RemoteError
-from infra.fanout import fan_out
+from infra.fanout import fan_out, pause
 from infra.hostkeys import host_key_changed, known_hosts_name, pin_published, trust_pins
 from infra.state import ClusterState
 
@@ -320,7 +320,7 @@ class SshConnections:
                     ):
                         raise
                     log.debug("%s not ready yet: %s", node, exc)
-                time.sleep(delay)
+                pause(delay)  # ends at once when the command is interrupted
                 delay = min(delay * 1.5, 5.0)
 
         failures = fan_out(wait, names).errors

@@ -57,6 +57,7 @@ GCE_INSTANCES = "infra/providers/gce/instances.py"
 GCE_ERRORS = "infra/providers/gce/errors.py"
 GCE_FIREWALL = "infra/providers/gce/firewall.py"
 T_GCE = "tests/test_gce_provider.py"
+T_ANSWERS = "tests/test_gce_answers.py"
 SCHEMA = "infra/config_schema.py"
 GCE_CONFIG = "infra/providers/gce/config.py"
 T_DRIFT = "tests/test_firewall_drift.py"
@@ -121,6 +122,12 @@ MUTANTS: list[Mutant] = [
     m("failover: quota is not a zone problem", GCE_ERRORS,
       'return "quotaExceeded" in _reasons(exc) or "Quota \'" in _api_message(exc)',
       "return False", T_GCE, k=K_ZONES),
+    m("failover: a GPU the zone lacks (400 'was not found') stops `up`", GCE_INSTANCES,
+      "            if not_in_zone(message, zone):\n", "            if False:\n", T_ANSWERS),
+    m("failover: a stockout answered as HTTP 503 retried in the same zone", GCE_ERRORS,
+      "            if is_stockout(message):\n", "            if False:\n", T_ANSWERS),
+    m("stop: a node with Local SSD stopped without discardLocalSsd", GCE_INSTANCES,
+      "(not keep) if local_ssd else None", "None", T_ANSWERS),
     m("retry: transient API errors not retried", GCE_ERRORS,
       "        if code in _RETRY_STATUS:\n",
       "        if False:\n", T_GCE, k=K_RETRY),

@@ -198,8 +198,14 @@ def test_missing_and_duplicate_instances_answer_404_and_409_in_the_real_error_sh
     error = raw.json()["error"]
     assert error["code"] == 404 and error["errors"][0]["reason"] == "notFound"
     assert "instances/x' was not found" in error["message"]
-    with pytest.raises(api_exceptions.NotFound):
+    # A zone the API does not know is a 400, not a missing resource (issue 26).
+    with pytest.raises(api_exceptions.BadRequest) as unknown:
         api.instances.get(project=PROJECT, zone="mars-north1-a", instance="pc-1")
+    assert unknown.value.errors[0] == {
+        "message": "Invalid value for field 'zone': 'mars-north1-a'. Unknown zone.",
+        "domain": "global",
+        "reason": "invalid",
+    }
 
 
 def test_invalid_instances_are_refused_as_gce_refuses_them(fake_gce: FakeGce, api: Api) -> None:

@@ -68,17 +68,38 @@ def insert(api: Api, inst: compute_v1.Instance, zone: str = ZONE) -> compute_v1.
     return api.instances.insert_unary(project=PROJECT, zone=zone, instance_resource=inst)
 
 
+def refusal(api: Api, inst: compute_v1.Instance, zone: str = ZONE) -> dict[str, Any]:
+    """The 400 an insert of ``inst`` gets, as its error entry."""
+    with pytest.raises(api_exceptions.BadRequest) as refused:
+        insert(api, inst, zone)
+    return dict(refused.value.errors[0])
+
+
 def test_gpus_attach_only_to_n1_in_the_counts_gce_offers(fake_gce: FakeGce, api: Api) -> None:
-    with pytest.raises(api_exceptions.BadRequest, match="N1 machine types"):
-        insert(api, body("e2gpu", gpus=("nvidia-tesla-t4", 1), image=DLVM, disk_gb=50))
+    # Real GCE's words (issue 26): skypilot-org/skypilot#212.
+    assert refusal(api, body("e2gpu", gpus=("nvidia-tesla-t4", 1), image=DLVM, disk_gb=50)) == {
+        "message": "[nvidia-tesla-t4, e2-standard-2] features are not compatible for creating "
+        "instance.",
+        "domain": "global",
+        "reason": "badRequest",
+    }
     with pytest.raises(api_exceptions.BadRequest, match=r"acceleratorCount': '3'.*\[1, 2, 4\]"):
         insert(api, body("three", "n1-standard-8", gpus=("nvidia-tesla-t4", 3), image=DLVM,
                          disk_gb=50))
-    with pytest.raises(api_exceptions.BadRequest, match="accepts no guest accelerators"):
-        insert(api, body("g2", "g2-standard-4", gpus=("nvidia-l4", 1), image=DLVM, disk_gb=50))
-    with pytest.raises(api_exceptions.BadRequest, match="does not exist in zone"):
-        insert(api, body("p4", "n1-standard-4", "us-central1-b", gpus=("nvidia-tesla-p4", 1),
-                         image=DLVM, disk_gb=50), zone="us-central1-b")
+    g2 = refusal(api, body("g2", "g2-standard-4", gpus=("nvidia-l4", 1), image=DLVM, disk_gb=50))
+    assert g2["message"] == (
+        "[nvidia-l4, g2-standard-4] features are not compatible for creating instance."
+    )
+    # A GPU the zone does not offer is a missing resource, as GCE says it
+    # (hashicorp/terraform-provider-google#5860).
+    p4 = refusal(api, body("p4", "n1-standard-4", "us-central1-b", gpus=("nvidia-tesla-p4", 1),
+                           image=DLVM, disk_gb=50), zone="us-central1-b")
+    assert p4 == {
+        "message": f"The resource 'projects/{PROJECT}/zones/us-central1-b/acceleratorTypes/"
+        "nvidia-tesla-p4' was not found",
+        "domain": "global",
+        "reason": "badRequest",
+    }
     assert fake_gce.instances() == []
     api.wait(insert(api, body("ok", "n1-standard-8", gpus=("nvidia-tesla-v100", 8), image=DLVM,
                               disk_gb=50)))
@@ -222,3 +243,60 @@ def test_a_firewall_rule_is_for_a_network_of_its_own_project(
                                firewall_resource=rule("global/networks/shared"))
     fake_gce.wait_quiet()
     assert [f["name"] for f in fake_gce.firewalls()] == ["r"]
+
+
+# -- issue 26: the answers the review found missing --------------------------------------
+
+
+def test_a_machine_type_with_local_ssd_is_stopped_only_when_told_what_of_it(
+    fake_gce: FakeGce, api: Api
+) -> None:
+    api.wait(insert(api, body("a2u", "a2-ultragpu-1g", image=DLVM, disk_gb=50)))
+    api.wait(insert(api, body("plain")))
+    fake_gce.wait_quiet()
+    scratch = [d for d in api.get("a2u").disks if d.type_ == "SCRATCH"]
+    assert [(d.disk_size_gb, d.interface) for d in scratch] == [(375, "NVME")]
+    assert fake_catalog.LOCAL_SSD_DISKS["a2-ultragpu-1g"] == 1
+    # skypilot-org/skypilot#2586, word for word.
+    with pytest.raises(api_exceptions.BadRequest) as refused:
+        api.instances.stop_unary(project=PROJECT, zone=ZONE, instance="a2u")
+    assert dict(refused.value.errors[0]) == {
+        "message": "VM has a Local SSD attached but an undefined value for `discard-local-ssd`."
+        " If using gcloud, please add `--discard-local-ssd=false` or `--discard-local-ssd=true`"
+        " to your command.",
+        "domain": "global",
+        "reason": "badRequest",
+    }
+    api.wait(api.instances.stop_unary(project=PROJECT, zone=ZONE, instance="plain"))
+    # discardLocalSsd=false (a proto3 optional: sent although false) keeps the data.
+    keep = compute_v1.StopInstanceRequest(
+        project=PROJECT, zone=ZONE, instance="a2u", discard_local_ssd=False
+    )
+    api.wait(api.instances.stop_unary(request=keep))
+    fake_gce.wait_quiet()
+    stopped = api.get("a2u")
+    assert stopped.status == "TERMINATED"
+    assert [d.saved_state for d in stopped.disks if d.type_ == "SCRATCH"] == ["PRESERVED"]
+    assert [c.query.get("discardLocalSsd") for c in fake_gce.calls
+            if c.op == "instances.stop" and c.name == "a2u"] == [None, "false"]
+
+
+def test_a_stockout_may_be_answered_at_once_as_http_503(fake_gce: FakeGce, api: Api) -> None:
+    fake_gce.stockout(ZONE, http=True)
+    with pytest.raises(api_exceptions.ServiceUnavailable) as refused:
+        insert(api, body("vm"))
+    assert refused.value.errors[0]["message"] == (
+        f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough resources available "
+        "to fulfill the request.  Try a different zone, or try again later."
+    )
+    assert fake_gce.instances() == []
+
+
+def test_a3_ultra_comes_with_eight_h200s(fake_gce: FakeGce, api: Api) -> None:
+    api.wait(insert(api, body("h200", "a3-ultragpu-8g", image=DLVM, disk_gb=50,
+                              disk_type="pd-balanced")))
+    fake_gce.wait_quiet()
+    inst = api.get("h200")
+    assert [(a.accelerator_type.rsplit("/", 1)[-1], a.accelerator_count)
+            for a in inst.guest_accelerators] == [("nvidia-h200-141gb", 8)]
+    assert sum(d.type_ == "SCRATCH" for d in inst.disks) == 32

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
 import pytest
 
@@ -37,3 +39,32 @@ def test_other_errors_are_bugs_and_propagate() -> None:
 
     with pytest.raises(ValueError):
         fan_out(fn, ["a"])
+
+
+def test_an_interrupt_returns_at_once_and_ends_the_workers_waits() -> None:
+    # Issue 26: a worker waiting minutes (a node's host keys, its SSH) must
+    # neither hold the interrupted caller nor go on waiting after it. The
+    # signal lands on a worker thread, as the kernel may deliver it.
+    from infra.fanout import Cancelled, pause
+
+    waiting = threading.Barrier(3, timeout=10)
+    cancelled: list[str] = []
+
+    def fn(node: str) -> None:
+        waiting.wait()
+        if node == "a":
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        try:
+            pause(300)
+        except Cancelled:
+            cancelled.append(node)
+            raise
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        fan_out(fn, ["a", "b", "c"])
+    assert time.monotonic() - began < 30  # not the pauses' 300 s
+    deadline = time.monotonic() + 10
+    while len(cancelled) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(cancelled) == ["a", "b", "c"]

@@ -74,7 +74,9 @@ def print_setup_event(node: str, what: str) -> None:
 def print_up_outcome(
     cluster: Cluster, plan: UpPlan, nodes: Sequence[Node], report: SetupReport | None
 ) -> None:
-    """What ``up`` did: each node's setup, whether anything changed, the status."""
+    """What ``up`` did: each node's setup, whether anything changed, the
+    status (without setup, the GPU nodes are not asked: nothing was
+    installed to answer)."""
     if report is not None:
         for line in report.lines():
             consoles.console.print(f"  {node_text(line)}", markup=False)
@@ -85,7 +87,7 @@ def print_up_outcome(
         )
     else:
         consoles.console.print(f"[green]{escape(name)} is up[/]: {len(nodes)} nodes running")
-    print_status(cluster)
+    print_status(cluster, ask_gpus=report is not None)
 
 
 def print_down_plan(cluster: Cluster, plan: DownPlan) -> bool:
@@ -153,8 +155,8 @@ def print_tensorboard(board: Board) -> None:
     )
 
 
-def print_status(cluster: Cluster, *, all_gpus: bool = False) -> None:
-    views, cost = cluster.status(all_gpus=all_gpus)
+def print_status(cluster: Cluster, *, all_gpus: bool = False, ask_gpus: bool = True) -> None:
+    views, cost = cluster.status(all_gpus=all_gpus, ask_gpus=ask_gpus)
     config = cluster.config
     # Cells are Text, never markup: names and addresses come from the config
     # and the provider.

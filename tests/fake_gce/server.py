@@ -30,8 +30,11 @@ What it models, because the provider depends on it:
   or stopped, ``getGuestAttributes`` answers 404.
 * Errors have the real shape ``{"error": {"code", "message", "errors":
   [{"message", "domain", "reason"}]}}``: 404 notFound, 409 alreadyExists,
-  400 invalid, 412 conditionNotMet (label / metadata fingerprints), 403
-  quotaExceeded, 503 backendError.
+  400 invalid (an unknown zone too) or badRequest, 412 conditionNotMet
+  (label / metadata fingerprints), 403 quotaExceeded, 503 backendError.
+* Machine types that come with Local SSD (``catalog.LOCAL_SSD_DISKS``)
+  list it as SCRATCH disks, and ``stop`` refuses them without
+  ``discardLocalSsd`` as GCE does.
 
 * What is offered (``catalog.py``): an insert is refused as GCE refuses it
   when its machine type or GPU is not in the zone, its GPUs do not fit the
@@ -56,6 +59,7 @@ containers answers ``on_create`` with the container's address.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import hashlib
 import ipaddress
@@ -269,6 +273,7 @@ class _ZoneFault:
     remaining: int | None  # failures left; None: for ever
     leave_instance: bool  # a half-created TERMINATED instance stays behind
     http: bool  # answer the call itself with an HTTP error instead
+    http_reason: tuple[str, str] = ("backendError", "global")  # its (reason, domain)
 
 
 @dataclass
@@ -460,11 +465,15 @@ class FakeGce:
         times: int | None = None,
         leave_instance: bool = False,
         ops: Sequence[str] = ("insert", "bulkInsert"),
+        http: bool = False,
     ) -> None:
         """Creates in ``zone`` (None: all) end with a stockout in their
         operation, after ``after`` successful ones. The instance shows up
         PROVISIONING and vanishes, as on GCE; ``leave_instance`` keeps it,
-        TERMINATED, to exercise a client's cleanup."""
+        TERMINATED, to exercise a client's cleanup. ``http``: the call itself
+        is answered HTTP 503 with the message (GCE answers some stockouts so:
+        StanfordBioinformatics/loom#463 saw the bare message from an insert;
+        no report shows that answer's `reason`, the fake says backendError)."""
         where = f"projects/{{project}}/zones/{zone or '{zone}'}"
         if code.endswith("_WITH_DETAILS"):
             message = (
@@ -480,7 +489,7 @@ class FakeGce:
             self._zone_faults.append(
                 _ZoneFault(
                     zone, tuple(ops), code, message, 503, "SERVICE UNAVAILABLE", after, times,
-                    leave_instance, False,
+                    leave_instance, http,
                 )
             )
 
@@ -500,7 +509,7 @@ class FakeGce:
             self._zone_faults.append(
                 _ZoneFault(
                     zone, ("insert", "bulkInsert"), "QUOTA_EXCEEDED", message, 403, "FORBIDDEN",
-                    0, times, False, http,
+                    0, times, False, http, ("quotaExceeded", "usageLimits"),
                 )
             )
 
@@ -818,10 +827,11 @@ class FakeGce:
         try:
             self._run_hooks(call)
             if call.zone is not None and call.zone not in self.zones:
+                # The whole body of real GCE's answer (inspec/inspec-gcp#301):
+                # {"code": 400, "message": "Invalid value for field 'zone':
+                # 'us-east1'. Unknown zone.", "errors": [{..., "reason": "invalid"}]}
                 raise ApiError(
-                    404,
-                    f"The resource 'projects/{call.project}/zones/{call.zone}' was not found",
-                    "notFound",
+                    400, f"Invalid value for field 'zone': '{call.zone}'. Unknown zone.", "invalid"
                 )
             self._http_fault(call)
             handler = getattr(self, "_api_" + op.replace(".", "_"))
@@ -887,7 +897,7 @@ class FakeGce:
                     fault.remaining -= 1
                 message = fault.message.format(project=project, zone=zone)
                 if fault.http:
-                    raise ApiError(fault.http_status, message, "quotaExceeded", "usageLimits")
+                    raise ApiError(fault.http_status, message, *fault.http_reason)
                 failure = OpFailure(fault.code, message, fault.http_status, fault.http_message)
                 return failure, fault.leave_instance
             self._zone_successes[(zone, op)] = self._zone_successes.get((zone, op), 0) + 1
@@ -1411,6 +1421,19 @@ class FakeGce:
             "deletionProtection": bool(body.get("deletionProtection", False)),
             "fingerprint": _fingerprint(name),
         }
+        for index in range(catalog.LOCAL_SSD_DISKS.get(machine_name, 0)):
+            # The Local SSD the machine type comes with, as GCE lists it.
+            resource["disks"].append({
+                "kind": "compute#attachedDisk",
+                "type": "SCRATCH",
+                "mode": "READ_WRITE",
+                "deviceName": f"local-ssd-{index}",
+                "index": index + 1,
+                "boot": False,
+                "autoDelete": True,
+                "interface": "NVME",
+                "diskSizeGb": "375",
+            })
         if builtin:
             # The instance lists the GPUs its machine type comes with.
             kind, count = builtin
@@ -1505,7 +1528,19 @@ class FakeGce:
         self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
     ) -> Any:
         inst = self._instance(p["project"], p["zone"], p["name"])
+        discard = query.get("discardLocalSsd")
         with self._lock:
+            scratch = [d for d in inst.resource["disks"] if d.get("type") == "SCRATCH"]
+            if scratch and discard not in ("true", "false"):
+                # Real GCE, word for word (400 badRequest; skypilot-org/skypilot#2586,
+                # openshift/installer#8649).
+                raise ApiError(
+                    400,
+                    "VM has a Local SSD attached but an undefined value for "
+                    "`discard-local-ssd`. If using gcloud, please add "
+                    "`--discard-local-ssd=false` or `--discard-local-ssd=true` to your command.",
+                    "badRequest",
+                )
             op = self._new_operation(inst.project, f"zones/{inst.zone}", "stop", inst.resource)
             answer = copy.deepcopy(op.resource)
 
@@ -1528,6 +1563,12 @@ class FakeGce:
                     inst.resource["status"] = "TERMINATED"
                     inst.resource["lastStopTimestamp"] = _now()
                     self._drop_nat(inst.resource)
+                    for disk in scratch:
+                        # AttachedDisk.savedState: PRESERVED when the data was kept.
+                        if discard == "false":
+                            disk["savedState"] = "PRESERVED"
+                        else:
+                            disk.pop("savedState", None)
 
         self._spawn(op, work)
         return answer
@@ -1594,6 +1635,8 @@ class FakeGce:
                         inst.resource["status"] = "RUNNING"
                         inst.resource["lastStartTimestamp"] = _now()
                         inst.running_since = time.monotonic()
+                        for disk in inst.resource["disks"]:
+                            disk.pop("savedState", None)  # the data is back on the disks
 
         self._spawn(op, work)
         return answer
@@ -2031,6 +2074,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
+
+    def handle(self) -> None:
+        # A client that went away (a deploy.py killed mid-call) is no error here.
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            super().handle()
 
     def log_message(self, format: str, *args: Any) -> None:
         # The call log is the record; stderr noise would drown test output.

@@ -39,6 +39,15 @@ N1_GPUS: dict[str, tuple[int, ...]] = {
 # name says how many) and the body carries no guestAccelerators.
 _A2 = re.compile(r"^a2-(highgpu|megagpu|ultragpu)-(\d+)g\Z")
 _A3 = re.compile(r"^a3-(highgpu|megagpu|edgegpu|ultragpu)-(\d+)g\Z")
+# A3 High and Edge carry H100s, A3 Mega the H100 Mega, A3 Ultra H200s (the
+# GPU machine types page: "A3 Ultra machine types have NVIDIA H200 SXM GPUs
+# (nvidia-h200-141gb) attached").
+_A3_GPUS = {
+    "highgpu": "nvidia-h100-80gb",
+    "edgegpu": "nvidia-h100-80gb",
+    "megagpu": "nvidia-h100-mega-80gb",
+    "ultragpu": "nvidia-h200-141gb",
+}
 _G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 _G2 = re.compile(r"^g2-standard-(\d+)\Z")
 
@@ -137,10 +146,23 @@ def builtin_gpus(machine_type: str) -> tuple[str, int] | None:
         return ("nvidia-a100-80gb" if kind == "ultragpu" else "nvidia-tesla-a100", count)
     if match := _A3.match(machine_type):
         kind, count = match[1], int(match[2])
-        return ("nvidia-h100-mega-80gb" if kind == "megagpu" else "nvidia-h100-80gb", count)
+        return (_A3_GPUS[kind], count)
     if (match := _G2.match(machine_type)) and int(match[1]) in _G2_GPUS:
         return ("nvidia-l4", _G2_GPUS[int(match[1])])
     return None
+
+
+def bundles_local_ssd(machine_type: str) -> bool:
+    """Whether the machine type comes with Local SSD, which `stop` must be
+    told to keep or discard. The Local SSD page: "Z4D, Z4M, Z3, A5X, A4X Max,
+    A4X, A4, A3, and A2 Ultra machine series: every machine type comes with
+    Local SSD storage"; C3, C3D, C4... only the types that end in -lssd."""
+    fam = family(machine_type)
+    return (
+        fam in ("a3", "a4", "a4x", "a5x", "z3", "z4d", "z4m")
+        or machine_type.startswith("a2-ultragpu-")
+        or machine_type.endswith("-lssd")
+    )
 
 
 def gpus(gce: GceConfig) -> tuple[str, int] | None:
@@ -182,8 +204,8 @@ def _check_accelerator(gce: GceConfig) -> None:
         raise ConfigError(
             f"gce.accelerator.type: {acc.type!r} cannot be attached to a VM; attachable GPUs "
             f"(n1 machine types): {', '.join(N1_GPUS)}; nvidia-l4 comes with g2-standard-*, "
-            "nvidia-tesla-a100 with a2-highgpu-*, nvidia-h100-80gb with a3-highgpu-8g "
-            "(set gce.machine_type, no accelerator)"
+            "nvidia-tesla-a100 with a2-highgpu-*, nvidia-h100-80gb with a3-highgpu-8g, "
+            "nvidia-h200-141gb with a3-ultragpu-8g (set gce.machine_type, no accelerator)"
         )
     if fam != "n1":
         raise ConfigError(

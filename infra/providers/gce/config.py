@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -64,6 +64,11 @@ class GceConfig(Strict):
     # Extra instance metadata (for example install-nvidia-driver: "True"); the
     # keys tfcluster sets itself (ssh-keys, enable-oslogin, ...) are refused.
     metadata: dict[str, str] = {}
+    # What `stop` does with the Local SSD that A2 Ultra and A3 machine types
+    # come with (GCE refuses to stop them without being told): keep its data
+    # (saved by GCE and billed while stopped) or discard it. Other machine
+    # types have none and ignore this.
+    local_ssd_on_stop: Literal["keep", "discard"] = "keep"
 
     @field_validator("zones")
     @classmethod

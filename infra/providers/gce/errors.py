@@ -36,6 +36,32 @@ _NOT_IN_ZONE = re.compile(
     re.IGNORECASE,
 )
 
+# A zonal type this zone does not offer, in the words of a missing resource,
+# answered as 404 or as 400 `badRequest` depending on the path: "googleapi:
+# Error 400: The resource 'projects/ci-test-project-188019/zones/us-central1-f/
+# acceleratorTypes/nvidia-tesla-k80' was not found, badRequest"
+# (hashicorp/terraform-provider-google#5860); `gcloud compute instances
+# create`: "Could not fetch resource: - The resource 'projects/.../zones/
+# us-west1-b/acceleratorTypes/nvidia-tesla-p4' was not found"
+# (fastai/course-v3#430). {zone} is filled in: another zone's or a
+# regional resource (a subnetwork) missing is no reason to move on.
+_TYPE_NOT_FOUND = (
+    r"The resource 'projects/[^/']+/zones/{zone}/(acceleratorTypes|machineTypes|diskTypes)/"
+    r"[^/']+' was not found"
+)
+
+# A zone the API does not know (400 `invalid`): "Invalid value for field
+# 'zone': 'us-east1'. Unknown zone." (inspec/inspec-gcp#301, the whole body).
+_UNKNOWN_ZONE = re.compile(r"Invalid value for field 'zone': '[^']*'\. Unknown zone")
+
+# A stockout, whether in an operation's error (ZONE_RESOURCE_POOL_EXHAUSTED
+# [_WITH_DETAILS]) or answered at once as HTTP 503 with the message alone:
+# "The zone 'projects/P/zones/us-central1-b' does not have enough resources
+# available to fulfill the request.  Try a different zone, or try again
+# later." (StanfordBioinformatics/loom#463, GoogleCloudPlatform/
+# compute-image-tools#1960).
+_STOCKOUT = re.compile(r"RESOURCE_POOL_EXHAUSTED|does not have enough resources available")
+
 # HTTP answers worth another try: rate limits and server trouble.
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _RATE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
@@ -92,6 +118,21 @@ def _is_quota(exc: api_exceptions.GoogleAPICallError) -> bool:
     return "quotaExceeded" in _reasons(exc) or "Quota '" in _api_message(exc)
 
 
+def not_in_zone(message: str, zone: str) -> bool:
+    """Whether an insert's 404 or 400 says that ``zone`` does not offer the
+    machine, GPU or disk type asked for (another zone may)."""
+    found = re.search(_TYPE_NOT_FOUND.format(zone=re.escape(zone)), message)
+    return found is not None or _NOT_IN_ZONE.search(message) is not None
+
+
+def unknown_zone(message: str) -> bool:
+    return _UNKNOWN_ZONE.search(message) is not None
+
+
+def is_stockout(message: str) -> bool:
+    return _STOCKOUT.search(message) is not None
+
+
 def _transient(exc: BaseException, endpoint: str) -> str | None:
     """Why ``exc`` is worth retrying (worded for the final error), or None
     when it is not."""
@@ -99,8 +140,8 @@ def _transient(exc: BaseException, endpoint: str) -> str | None:
         code = exc.code if isinstance(exc.code, int) else 0
         message = _api_message(exc)
         if code in _RETRY_STATUS:
-            if "RESOURCE_POOL_EXHAUSTED" in message:
-                return None  # a stockout: the caller moves to another zone
+            if is_stockout(message):
+                return None  # not now, not here: the caller moves to another zone
             return f"the Compute API kept answering HTTP {code}: {message.rstrip('. ')}"
         if code == 403 and _reasons(exc) & _RATE_REASONS:
             return f"the Compute API kept rate-limiting: {message.rstrip('. ')}"
@@ -137,6 +178,8 @@ def _as_tfcluster_error(exc: BaseException, endpoint: str) -> TfclusterError | N
             "(gcloud services enable compute.googleapis.com)",
         )
     if isinstance(exc, api_exceptions.GoogleAPICallError):
+        if is_stockout(_api_message(exc)):
+            return CapacityError(_api_message(exc))
         return ProviderError(f"HTTP {exc.code}: {_api_message(exc)}")
     if isinstance(exc, auth_exceptions.RefreshError | auth_exceptions.DefaultCredentialsError):
         return CredentialsError(

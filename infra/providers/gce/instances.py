@@ -17,17 +17,20 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from infra.errors import CapacityError, ProviderError, StateError
+from infra.config import in_file
+from infra.errors import CapacityError, ConfigError, ProviderError, StateError
 from infra.providers.base import NodeState
 from infra.providers.gce import checks
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, _last, _retried
 from infra.providers.gce.errors import (
-    _NOT_IN_ZONE,
     _api_message,
     _is_quota,
     _OperationFailed,
     _ZoneUnusable,
+    is_stockout,
+    not_in_zone,
+    unknown_zone,
 )
 from infra.providers.gce.nodes import _STATES, _STOPPING_STATUSES, CLUSTER_LABEL, GceNodes
 from infra.providers.gce.parallel import _pause
@@ -52,7 +55,7 @@ class GceInstances(GceNodes):
 
     @_retried("{action} instance {name} in {zone}", mutates=True)
     def _instance_action(self, action: str, zone: str, name: str) -> compute_v1.Operation | None:
-        """start, stop, resume or delete; None when the instance is gone (404)."""
+        """start, resume or delete; None when the instance is gone (404)."""
         method = getattr(self.api.instances, f"{action}_unary")
         try:
             return cast(
@@ -64,6 +67,24 @@ class GceInstances(GceNodes):
                     retry=None,
                     timeout=_CALL_TIMEOUT_S,
                 ),
+            )
+        except api_exceptions.NotFound:
+            return None
+
+    @_retried("stop instance {name} in {zone}", mutates=True)
+    def _stop_instance(
+        self, zone: str, name: str, discard_local_ssd: bool | None
+    ) -> compute_v1.Operation | None:
+        """None when the instance is gone (404). ``discard_local_ssd``: sent
+        only for a node with Local SSD, which GCE refuses to stop without
+        it (400 "VM has a Local SSD attached but an undefined value for
+        `discard-local-ssd`", skypilot-org/skypilot#2586)."""
+        request = compute_v1.StopInstanceRequest(project=self.api.project, zone=zone, instance=name)
+        if discard_local_ssd is not None:
+            request.discard_local_ssd = discard_local_ssd
+        try:
+            return self.api.instances.stop_unary(
+                request=request, retry=None, timeout=_CALL_TIMEOUT_S
             )
         except api_exceptions.NotFound:
             return None
@@ -182,6 +203,10 @@ class GceInstances(GceNodes):
             )
             unusable = {n: e for n, e in errors.items() if isinstance(e, _ZoneUnusable)}
             others = {n: e for n, e in errors.items() if n not in unusable}
+            wrong = [e for e in others.values() if isinstance(e, ConfigError)]
+            if wrong:
+                with in_file(self.config):
+                    raise wrong[0]  # the same line for every node: once
             if others:
                 self._raise_errors(others, f"creating nodes in {zone}")
             if not unusable:
@@ -212,20 +237,24 @@ class GceInstances(GceNodes):
             if _is_quota(exc):
                 raise _ZoneUnusable(f"QUOTA_EXCEEDED: {_api_message(exc)}") from exc
             raise
-        except api_exceptions.NotFound as exc:
-            # The machine, disk or GPU type is not offered in this zone.
-            if f"zones/{zone}" in _api_message(exc):
-                raise _ZoneUnusable(f"not available: {_api_message(exc)}") from exc
+        except (api_exceptions.NotFound, api_exceptions.BadRequest) as exc:
+            message = _api_message(exc)
+            # The machine, disk or GPU type is not offered in this zone (G2
+            # is not in every zone, nor is every GPU): the next zone may.
+            if not_in_zone(message, zone):
+                raise _ZoneUnusable(f"not available: {message}") from exc
+            if unknown_zone(message):
+                raise ConfigError(
+                    f"gce.zones: {zone} is a zone the Compute API does not know (\"Unknown "
+                    "zone\"); `gcloud compute zones list` shows the zones"
+                ) from None
             raise
-        except api_exceptions.BadRequest as exc:
-            # GCE answers a machine or GPU type this zone does not offer with
-            # a 400 `invalid` (G2 is not in every zone): the next zone may.
-            if _NOT_IN_ZONE.search(_api_message(exc)):
-                raise _ZoneUnusable(f"not available: {_api_message(exc)}") from exc
+        except api_exceptions.GoogleAPICallError as exc:
+            # A stockout answered at once (HTTP 503) rather than in the
+            # operation; it is not retried (other 5xx are, then a ProviderError).
+            if is_stockout(_api_message(exc)):
+                raise _ZoneUnusable(f"HTTP {exc.code}: {_api_message(exc)}") from exc
             raise
-        except api_exceptions.ServiceUnavailable as exc:
-            # Only a stockout 503 gets here (others are retried, then a ProviderError).
-            raise _ZoneUnusable(_api_message(exc)) from exc
         try:
             self._wait_operation(op, zone=zone, what=f"create {name} in {zone}")
         except _OperationFailed as failed:
@@ -331,21 +360,32 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         with self._api_errors(f"stopping {', '.join(names)}"):
             existing = self._instances()
-            targets = [
-                (_last(inst.zone), inst.name)
+            found = [
+                inst
                 for name in names
                 for inst in existing.get(name, [])
                 if _STATES.get(inst.status) is not NodeState.STOPPED
             ]
-
-            def stop(target: tuple[str, str]) -> None:
-                zone, name = target
-                op = self._instance_action("stop", zone, name)
-                if op is not None:  # None: deleted meanwhile, which is stopped enough
-                    self._wait_operation(op, zone=zone, what=f"stop {name} in {zone}")
-
-            _, errors = self._parallel(stop, targets)
+            local_ssd = {(_last(i.zone), i.name): _has_local_ssd(i) for i in found}
+            _, errors = self._parallel(lambda t: self._stop_one(*t, local_ssd[t]), list(local_ssd))
             self._raise_errors(errors, "stopping")
+
+    def _stop_one(self, zone: str, name: str, local_ssd: bool) -> None:
+        keep = self.gce.local_ssd_on_stop == "keep"
+        if local_ssd and keep:
+            log.info("%s: keeping its Local SSD data (gce.local_ssd_on_stop: keep)", name)
+        try:
+            op = self._stop_instance(zone, name, (not keep) if local_ssd else None)
+        except api_exceptions.BadRequest as exc:
+            if not (local_ssd and keep):
+                raise
+            raise ProviderError(
+                f"GCE refused to stop {name} keeping its Local SSD data: {_api_message(exc)}",
+                hint="set gce.local_ssd_on_stop: discard in cluster.yaml to stop it without "
+                "that data (it is lost), or `deploy.py down`",
+            ) from exc
+        if op is not None:  # None: deleted meanwhile, which is stopped enough
+            self._wait_operation(op, zone=zone, what=f"stop {name} in {zone}")
 
     def terminate_nodes(self, names: Sequence[str]) -> None:
         names = list(dict.fromkeys(names))
@@ -400,3 +440,11 @@ class GceInstances(GceNodes):
                     hint="`deploy.py status` shows them; run the command again",
                 )
             _pause(next(delays))
+
+
+def _has_local_ssd(inst: compute_v1.Instance) -> bool:
+    """Local SSD attached (listed as SCRATCH disks), or bundled with the
+    machine type (A2 Ultra, A3: checks.bundles_local_ssd)."""
+    return any(d.type_ == "SCRATCH" for d in inst.disks) or checks.bundles_local_ssd(
+        _last(inst.machine_type)
+    )

@@ -31,11 +31,23 @@ class GcePricing(GceApi):
                 disk_type=self.gce.disk_type,
                 zone=node.zone,
             )
-            for note in estimate.notes:
+            level = logging.INFO if estimate.usd_per_hour is not None else logging.WARNING
+            notes = [(note, level) for note in estimate.notes]
+            if (
+                node.state is NodeState.STOPPED
+                and self.gce.local_ssd_on_stop == "keep"
+                and checks.bundles_local_ssd(node.machine_type or "")
+            ):
+                # A hidden bill: said even where the rest is priced.
+                notes.append((
+                    f"the Local SSD data a stopped {node.machine_type} keeps (gce."
+                    "local_ssd_on_stop: keep) is billed and not in the estimate",
+                    logging.WARNING,
+                ))  # fmt: skip
+            for note, note_level in notes:
                 if note not in self._unpriced:  # each note once per process
                     self._unpriced.add(note)
-                    level = logging.INFO if estimate.usd_per_hour is not None else logging.WARNING
-                    log.log(level, "cost estimate: %s", note)
+                    log.log(note_level, "cost estimate: %s", note)
             if estimate.usd_per_hour is None:
                 return None
             total += estimate.usd_per_hour
@@ -46,6 +58,8 @@ class GcePricing(GceApi):
         parts = [gce.machine_type]
         if gce.accelerator is not None:
             parts.append(f"{gce.accelerator.count} x {gce.accelerator.type}")
+        elif (built_in := checks.builtin_gpus(gce.machine_type)) is not None:
+            parts.append(f"{built_in[1]} x {built_in[0]} built in")
         if gce.preemptible:
             parts.append("spot")
         # The image's size is known once check_config has read it (not on a
@@ -57,7 +71,9 @@ class GcePricing(GceApi):
 
     def planned_cost(self, count: int) -> float | None:
         gce = self.gce
-        accelerators = [(gce.accelerator.type, gce.accelerator.count)] if gce.accelerator else []
+        # Attached or built in (G2, A2, A3): the GPUs are billed either way.
+        gpus = checks.gpus(gce)
+        accelerators = [gpus] if gpus else []
         estimate = pricing.node_hourly(
             gce.machine_type,
             running=True,
