@@ -113,6 +113,8 @@ def one_run(checkout: Path, steps: int, folder: Path, config: Path | None = None
                 last_step = now
         code = proc.wait()
     end = time.perf_counter() - started
+    if config is None:  # the fresh cluster's network namespace (if any) ends with it
+        subprocess.run([*argv[:2], "down", "--yes"], cwd=folder, env=env, capture_output=True)
     if code != 0 or last_step is None or first_progress is None or training_start is None:
         raise SystemExit(f"deploy.py train failed (exit {code}):\n" + "\n".join(lines[-20:]))
     (run_dir,) = dest.iterdir()

@@ -214,6 +214,7 @@ class ClusterJobs(ClusterBase):
                 "into it yourself"
             )
         tasks = self.job_tasks(program.task_types, names)
+        self.provider.before_tasks(program, tasks)
         job = Job(
             transport,
             tasks,

@@ -168,7 +168,7 @@ class Job:
 
         def start_on(node: str) -> None:
             try:
-                result = self.transport.run(node, scripts[node], timeout=60)
+                result = self.transport.run_in_task_network(node, scripts[node], timeout=60)
             except RemoteError as exc:
                 unreachable[node] = exc
                 return
@@ -254,7 +254,7 @@ class Job:
                 for node, ports in by_node.items()
             }
             try:
-                results = self.transport.run_all(scripts, timeout=poll + 30)
+                results = self.transport.run_all(scripts, timeout=poll + 30, in_task_network=True)
             except RemoteError:
                 self.stop(self.started)
                 raise

@@ -187,10 +187,15 @@ class SshTransport(Transport):
         )
 
     def run_all(
-        self, commands: Mapping[str, str], *, timeout: float | None = None
+        self,
+        commands: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        in_task_network: bool = False,
     ) -> dict[str, CommandResult]:
         """One command per node, in parallel; every unreachable node is
-        named in one error (a changed host key keeps its own type)."""
+        named in one error (a changed host key keeps its own type). A
+        node's tasks share its network: ``in_task_network`` changes nothing."""
         done = fan_out(lambda node: self.run(node, commands[node], timeout=timeout), commands)
         if done.errors:
             raise combine_errors(done.errors)

@@ -127,12 +127,28 @@ class Transport(ABC):
         the port here (``local_port`` when free, else any free one)."""
         raise RemoteError(f"{node}: {type(self).__name__} cannot forward ports")
 
+    def run_in_task_network(
+        self, node: str, command: str, *, timeout: float | None = None
+    ) -> CommandResult:
+        """``run``, where a job's tasks have their network: for the commands
+        that start them and those that wait for their ports. The same as
+        ``run`` on a node that is a machine of its own; the local cluster's
+        tasks have a network namespace of their own
+        (infra/providers/local_network.py), which nothing outside reaches."""
+        return self.run(node, command, timeout=timeout)
+
     def run_all(
-        self, commands: Mapping[str, str], *, timeout: float | None = None
+        self,
+        commands: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        in_task_network: bool = False,
     ) -> dict[str, CommandResult]:
-        """Run one command per node, all at once. Nodes that cannot be
-        reached are reported together in one ``RemoteError``."""
-        done = fan_out(lambda node: self.run(node, commands[node], timeout=timeout), commands)
+        """Run one command per node, all at once (``in_task_network``: with
+        ``run_in_task_network``). Nodes that cannot be reached are reported
+        together in one ``RemoteError``."""
+        run = self.run_in_task_network if in_task_network else self.run
+        done = fan_out(lambda node: run(node, commands[node], timeout=timeout), commands)
         if done.errors:
             raise RemoteError(
                 "; ".join(f"{node}: {exc}" for node, exc in sorted(done.errors.items()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +20,30 @@ DEFAULT_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
 @pytest.fixture(autouse=True)
 def tfcluster_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every test gets its own state folder: no test sees another's keys,
-    known hosts or clusters, and none touches the user's ~/.tfcluster."""
+    known hosts or clusters, and none touches the user's ~/.tfcluster.
+    Afterwards the network namespaces its local clusters made are ended,
+    as `down` would (tests rarely say `down`)."""
     home = tmp_path_factory.mktemp("tfcluster-home")
     monkeypatch.setenv("TFCLUSTER_HOME", str(home))
     yield home
+    end_namespaces(home)
+
+
+def end_namespaces(folder: Path) -> None:
+    """End the holder of every local cluster's network namespace recorded
+    in a state folder below ``folder`` (infra/providers/local_network.py)."""
+    from infra.providers.local_network import TaskNetwork
+
+    for record in folder.glob("**/clusters/*/netns"):
+        TaskNetwork(record.parent, sys.executable).end()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_namespace_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Module-scoped fixtures keep state folders of their own: what their
+    clusters made is ended when the session ends."""
+    yield
+    end_namespaces(tmp_path_factory.getbasetemp())
 
 
 def _entries(folder: Path) -> set[Path]:

@@ -207,7 +207,10 @@ def test_the_local_cluster_never_loads_another_provider() -> None:
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout
-    assert out.strip() == "['infra.providers.base', 'infra.providers.local']"
+    # local_network: the local provider's own (its tasks' network namespace).
+    assert out.strip() == (
+        "['infra.providers.base', 'infra.providers.local', 'infra.providers.local_network']"
+    )
 
 
 def test_validating_a_gce_config_loads_no_google_code() -> None:

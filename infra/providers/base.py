@@ -33,6 +33,8 @@ from infra.config import ClusterConfig
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
+    from infra.job_spec import Program
+    from infra.tfconfig import TaskSpec
     from infra.transport import Transport
 
 
@@ -170,6 +172,14 @@ class NodeProvider(ABC):
     def task_env(self) -> dict[str, str]:
         """Extra environment for the job's tasks."""
         return {}
+
+    def before_tasks(self, program: Program, tasks: Sequence[TaskSpec]) -> None:  # noqa: B027
+        """Called by a job's launch once its tasks are known, before the
+        first one starts: what the provider does for them from this machine
+        (local: their network namespace, the data the built-in trainer
+        would download, a warning where other machines could reach their
+        ports). Nothing by default: a VM's tasks are behind the cloud's
+        firewall (gce) or the hosts' own (ssh: see README, Security)."""
 
     def can_stop(self) -> bool:
         """Whether stop/start mean anything (not for existing ssh hosts)."""

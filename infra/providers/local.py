@@ -3,13 +3,16 @@
 The embedded default, so a new user runs the whole product with no cloud.
 Each node is a folder under the cluster's state folder that plays the
 login's home; the tasks run this checkout's ``trainer`` with this Python,
-listen on free loopback ports, and are started, watched and stopped by the
-very shell commands a VM gets (through ``LocalTransport``).
+listen on free ports of a network namespace of the cluster's own (which no
+other machine reaches: infra/providers/local_network.py), and
+are started, watched and stopped by the very shell commands a VM gets
+(through ``LocalTransport``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import shutil
@@ -18,11 +21,21 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from infra import commands
-from infra.errors import RemoteError
+from infra.config_base import Strict
+from infra.errors import JobFailed, RemoteError
+from infra.providers import local_network
 from infra.providers.base import Node, NodeProvider, NodeState
+from infra.providers.local_network import Holder, TaskNetwork
 from infra.transport import CommandResult, NodeLayout, Transport
+
+if TYPE_CHECKING:
+    from infra.job_spec import Program
+    from infra.tfconfig import TaskSpec
+
+log = logging.getLogger("tfcluster")
 
 # The checkout that holds trainer/: what the local tasks import.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +46,14 @@ class LocalTransport(Transport):
 
     copies_files = False
 
-    def __init__(self, nodes: Sequence[str], homes: Path) -> None:
+    def __init__(
+        self, nodes: Sequence[str], homes: Path, network: TaskNetwork | None = None
+    ) -> None:
         super().__init__(nodes)
         self.homes = homes
         self.python = _python_on_path(homes.parent / "bin")
+        # The tasks' network namespace; None: they run on this machine's.
+        self.network = network
 
     def home(self, node: str) -> Path:
         home = self.homes / node
@@ -57,9 +74,20 @@ class LocalTransport(Transport):
         )
 
     def run(self, node: str, command: str, *, timeout: float | None = None) -> CommandResult:
+        return self._run(node, ["bash", "-c", command], timeout)
+
+    def run_in_task_network(
+        self, node: str, command: str, *, timeout: float | None = None
+    ) -> CommandResult:
+        argv = self.network.argv(command) if self.network is not None else None
+        if argv is None:  # not confined: the launch has warned
+            return self.run(node, command, timeout=timeout)
+        return self._run(node, argv, timeout)
+
+    def _run(self, node: str, argv: list[str], timeout: float | None) -> CommandResult:
         try:
             done = subprocess.run(
-                ["bash", "-c", command],
+                argv,
                 cwd=self.home(node),
                 capture_output=True,
                 text=True,
@@ -151,12 +179,24 @@ def _python_on_path(folder: Path) -> str:
     return str(wrapper)
 
 
+class LocalConfig(Strict):
+    """cluster.yaml's ``local`` section (provider: local)."""
+
+    # private: the tasks run in a network namespace of the cluster's own,
+    # which other machines cannot reach, and which reaches nothing beyond
+    # the tasks. host: on this machine's network, their ports open to any
+    # machine that reaches it (warned at up, train and run).
+    network: Literal["private", "host"] = "private"
+
+
 class LocalProvider(NodeProvider):
     """Nodes are folders; 'running' means the folder exists."""
 
     kind = "local"
+    config_section = LocalConfig
     needs_setup = False
     up_on_demand = True
+    _network: TaskNetwork | None = None
 
     @property
     def homes(self) -> Path:
@@ -199,6 +239,82 @@ class LocalProvider(NodeProvider):
             if tasks:
                 transport.run(name, commands.stop_tasks(transport.layout(name), tasks))
 
+    # -- the tasks' network (infra/providers/local_network.py) ------------------------
+
+    def task_network(self) -> TaskNetwork | None:
+        """The cluster's network namespace (one object per provider: it is
+        looked for once per command); None with ``local.network: host``."""
+        section = self.section()
+        if isinstance(section, LocalConfig) and section.network == "host":
+            return None
+        if self._network is None:
+            self._network = TaskNetwork(self.state.dir, sys.executable)
+        return self._network
+
+    def exposure(self) -> str | None:
+        """Why the tasks' ports are open to other machines; None when they
+        are confined (their namespace is made now if there is none)."""
+        network = self.task_network()
+        if network is None:
+            return "local.network is host in cluster.yaml"
+        found = network.ensure()
+        return None if isinstance(found, Holder) else found
+
+    def prepare(self) -> None:
+        """`up`: the tasks' namespace, or the warning that there is none."""
+        why = self.exposure()
+        if why is not None:
+            log.warning(local_network.open_at_up(why))
+        else:
+            log.warning(local_network.NO_NETWORK)
+
+    def release(self) -> None:
+        """`down`: the namespace ends with its holder."""
+        network = self.task_network() or TaskNetwork(self.state.dir, sys.executable)
+        network.end()
+
+    def before_tasks(self, program: Program, tasks: Sequence[TaskSpec]) -> None:
+        why = self.exposure()
+        if why is not None:
+            log.warning(local_network.open_at_job(why, [t.port for t in tasks]))
+        elif program.builtin:
+            self._fill_trainer_data(program, tasks)
+        else:
+            log.warning(local_network.NO_NETWORK)
+
+    def _fill_trainer_data(self, program: Program, tasks: Sequence[TaskSpec]) -> None:
+        """What the built-in trainer would download (MNIST, into its cache),
+        fetched here on this machine's network before its tasks start in a
+        namespace that has none; nothing when a data folder is given."""
+        env = {**os.environ, **dict(program.env), **self.task_env()}
+        given = "MNIST_DIR" in env or any(a.split("=")[0] == "--data-dir" for a in program.argv)
+        if given or program.argv[:3] != ("python", "-m", "trainer"):
+            return
+        chief = next(t.node for t in tasks if t.type == "chief")
+        transport = self.transport_for([chief])
+        log.info("fetching the trainer's data here: its tasks will have no network")
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        done = subprocess.run(
+            # The trainer's own flags: it finds the folder as its tasks will.
+            [transport.python, "-m", "trainer.prefetch", *program.argv[3:]],
+            cwd=transport.home(chief),
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            stdin=subprocess.DEVNULL,
+        )
+        if done.returncode != 0:
+            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            raise JobFailed(
+                said[-1].removeprefix("trainer: error: ")
+                if said
+                else f"could not fetch MNIST (exit code {done.returncode})",
+                exit_code=done.returncode,
+                hint="`export MNIST_DIR=FOLDER` of the official MNIST files, "
+                "or `train --data-dir FOLDER`",
+            )
+
     def can_stop(self) -> bool:
         return False
 
@@ -209,12 +325,13 @@ class LocalProvider(NodeProvider):
         return self.transport_for([n.name for n in nodes])
 
     def transport_for(self, names: Sequence[str]) -> LocalTransport:
-        return LocalTransport(names, self.homes)
+        return LocalTransport(names, self.homes, self.task_network())
 
     def task_port(self, node: str, task_type: str, index: int) -> int:
-        # Every task shares 127.0.0.1, so each gets its own free port. The
-        # port is released before the task binds it; the window is tiny and
-        # a clash shows up as a readiness failure, not a silent hang.
+        # Every task shares 127.0.0.1 (the namespace's, or this machine's),
+        # so each gets its own free port. The port is released before the
+        # task binds it; the window is tiny and a clash shows up as a
+        # readiness failure, not a silent hang.
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
