@@ -237,3 +237,39 @@ def test_the_trainer_reads_mnist_from_the_bucket_checked_by_its_sums(
     code, out = run(config, *args)
     assert code != 0, out
     assert "t10k-labels-idx1-ubyte.gz is corrupted: SHA-256" in out
+
+
+def test_down_stops_a_running_job_and_waits_for_its_upload(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    # A job nobody waits for.
+    code, out = run(config, "run", "--no-ps", "--detach", "--env", "CHIEF_SLEEP=600", "--",
+                    "python", "stand_in.py")  # fmt: skip
+    assert code == 0, out
+    # The bucket answers 503 three times: the last pass takes seconds
+    # (the client's backoff), which `down` must wait out.
+    fake.fail(503, upload="multipart", times=3)
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    assert fake.failures_left() == 0
+    assert "a job is running: stopping it, then waiting for its upload" in out
+    assert "waiting for 1 upload(s) to the bucket to finish" in out
+    # What the chief had written is in the bucket once `down` returns.
+    [record] = [n for n in fake.names("tfc-runs") if n.endswith("/tfcluster-run.json")]
+    folder = record.rsplit("/", 1)[0]
+    assert f"{folder}/chief-0.json" in fake.names("tfc-runs")
+    assert json.loads(fake.read("tfc-runs", record))["status"] == "stopped"
+    none_left_in(work)
+
+
+def test_without_a_bucket_runs_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"name": "plain", "provider": "local"}))
+    code, out = run(config, "runs")
+    assert code == 3, out
+    assert "has no storage section: runs are only on the nodes" in out

@@ -155,3 +155,34 @@ def test_the_parser_skips_what_is_not_a_state(fake: FakeGcs) -> None:
     )
     [state] = upload_commands.parse_uploads(lines)
     assert state.run_id == "r1" and state.alive and state.uploaded == 2
+    # One just started has no state yet: it runs all the same.
+    [starting] = upload_commands.parse_uploads("@tfcluster-upload upload-r3 1 {}")
+    assert starting.alive and starting.url == "" and not starting.done
+
+
+def test_a_checkpoint_index_waits_for_the_files_it_names(tmp_path: Path) -> None:
+    from infra.storage.uploader import Mirror
+    from infra.storage.urls import GsUrl
+
+    sent: list[str] = []
+
+    def upload(path: str, local: Path) -> int:
+        sent.append(path)
+        return local.stat().st_size
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    data = run / "checkpoints" / "ckpt-20.data-00000-of-00001"
+    data.write_bytes(b"1")
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-20"\n')
+    (run / "metrics.jsonl").write_text("{}\n")
+    mirror = Mirror(run, GsUrl("b", "r"), upload, lambda p: None, lambda line: None)
+    mirror.pass_(final=False)
+    assert sent == []  # seen once: not known to be stable yet
+    data.write_bytes(b"12")  # still being written
+    mirror.pass_(final=False)
+    assert sent == []  # the index is stable, but its data file is not: neither goes
+    mirror.pass_(final=False)
+    assert sent == ["checkpoints/ckpt-20.data-00000-of-00001", "checkpoints/checkpoint"]
+    mirror.pass_(final=True)
+    assert sent[-1] == "metrics.jsonl"

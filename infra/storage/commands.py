@@ -75,9 +75,13 @@ def uploads(layout: NodeLayout, wait_s: float = 0.0) -> str:
             "busy() { local f; for f in " + PREFIX + "*.pid; do [ -e \"$f\" ] || continue; "
             '[ -n "$(alive_pid "$f")" ] && return 0; done; return 1; }',
             f"SECONDS=0; while busy && [ $SECONDS -lt {int(wait_s)} ]; do sleep 0.5; done",
-            "for f in " + PREFIX + "*.json; do [ -e \"$f\" ] || continue; n=${f%.json}; "
+            # Every uploader that runs (one just started has no state yet)
+            # or left a state.
+            "for n in $(ls " + PREFIX + "*.pid " + PREFIX + "*.json 2>/dev/null "
+            "| sed 's/\\.[a-z]*$//' | sort -u); do "
             'a=0; [ -n "$(alive_pid "$n.pid")" ] && a=1; '
-            f'printf "%s %s %s " {_LINE} "$n" "$a"; tr -d "\\n" < "$f"; echo; done',
+            f'printf "%s %s %s " {_LINE} "$n" "$a"; '
+            'if [ -e "$n.json" ]; then tr -d "\\n" < "$n.json"; else printf "{}"; fi; echo; done',
         ]
     )
 
@@ -144,9 +148,9 @@ def parse_uploads(stdout: str) -> list[UploadState]:
                 UploadState(
                     run_id=words[1][len(PREFIX) :],
                     alive=words[2] == "1",
-                    url=str(data["url"]),
-                    uploaded=int(data["uploaded"]),
-                    bytes=int(data["bytes"]),
+                    url=str(data.get("url") or ""),
+                    uploaded=int(data.get("uploaded") or 0),
+                    bytes=int(data.get("bytes") or 0),
                     pending=tuple(str(p) for p in data.get("pending") or ()),
                     pending_count=int(data.get("pending_count") or 0),
                     failed={str(k): str(v) for k, v in failed.items()},

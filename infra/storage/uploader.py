@@ -121,10 +121,12 @@ class Mirror:
             if self.uploaded.get(p) != sig
             and (final or (p.startswith(CHECKPOINTS + "/") and self.seen.get(p) == sig))
         ]
-        # A checkpoint's index after its files: the bucket never names a
-        # checkpoint it does not hold.
+        # A checkpoint's index after its files, and only once none of them
+        # waits: the bucket never names a checkpoint it does not hold.
         todo.sort(key=lambda p: (p.rsplit("/", 1)[-1] == INDEX, p))
         for path in todo:
+            if path.rsplit("/", 1)[-1] == INDEX and self._waiting(now, path):
+                continue
             self._one(path, now[path])
         if final:
             for path in sorted(set(self.uploaded) - set(now)):
@@ -134,6 +136,15 @@ class Mirror:
                 except Exception as exc:  # a leftover costs little; said, not fatal
                     self.warn(f"could not delete {self.url.child(path)}: {_short(exc)}")
         self.seen = now
+
+    def _waiting(self, now: dict[str, tuple[int, int]], index: str) -> bool:
+        """Whether a file beside the checkpoint index ``index`` is not in
+        the bucket as it is now."""
+        folder = index.rsplit("/", 1)[0] + "/"
+        return any(
+            p.startswith(folder) and p != index and self.uploaded.get(p) != sig
+            for p, sig in now.items()
+        )
 
     def _one(self, path: str, sig: tuple[int, int]) -> None:
         try:
@@ -200,8 +211,8 @@ def run_upload(args: argparse.Namespace) -> int:
         stopping = True  # the final pass, then out
 
     signal.signal(signal.SIGTERM, on_term)
-    put_record(bucket, url, {**record, "status": "running"}, warn)
     write_json(status_file, mirror.status(done=False))
+    put_record(bucket, url, {**record, "status": "running"}, warn)
     while not stopping and task_alive(watch):
         mirror.pass_(final=False)
         write_json(status_file, mirror.status(done=False))
