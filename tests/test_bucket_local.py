@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from tests.fake_gcs.server import FakeGcs
+from tests.fake_gcs.server import OBJECT_ADMIN, FakeGcs, service_account_key
 from tests.procs import none_left_in
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,3 +273,32 @@ def test_without_a_bucket_runs_says_so(tmp_path: Path) -> None:
     code, out = run(config, "runs")
     assert code == 3, out
     assert "has no storage section: runs are only on the nodes" in out
+
+
+def test_a_key_file_signs_in_and_is_named_when_it_may_not_write(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    email = "writer@proj.iam.gserviceaccount.com"
+    (tmp_path / "writer.json").write_text(json.dumps(service_account_key(fake, email)))
+    fake.create_bucket("tfc-runs", permissions={"storage.objects.list"})
+    config = write_config(tmp_path, fake)
+    data = yaml.safe_load(config.read_text())
+    data["storage"]["credentials"] = "writer.json"
+    config.write_text(yaml.safe_dump(data))
+    code, out = run(config, "up")
+    assert code == 2, out
+    assert f"{email} may not write runs there" in out
+    assert f"--member=serviceAccount:{email} --role=roles/storage.objectAdmin" in out
+    assert fake.accounts() == {email}
+
+    fake.buckets["tfc-runs"].permissions |= OBJECT_ADMIN
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    data["job"] = {"workdir": str(work)}
+    config.write_text(yaml.safe_dump(data))
+    code, out = run(config, "run", "--no-ps", "--", "python", "stand_in.py")
+    assert code == 0, out
+    assert any(n.endswith("/chief-0.json") for n in fake.names("tfc-runs"))
+    assert fake.accounts() == {email}  # the node's uploader signed in with the key too
+    none_left_in(work)

@@ -1,9 +1,9 @@
 """Runs land in a bucket from real nodes: a job on the docker-compose
 cluster whose chief's node uploads its run folder, with its own client and
-the key of storage.credentials copied to it, to the fake Cloud Storage on
-this machine (reached at the compose network's gateway); then `down`;
-then `fetch` brings the run home from the bucket, the nodes no longer
-holding it."""
+the service-account key of storage.credentials copied to it (mode 0600),
+to the fake Cloud Storage on this machine (reached at the compose
+network's gateway, token endpoint included); then `down`; then `fetch`
+brings the run home from the bucket, the nodes no longer holding it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.docker.conftest import REPO, ComposeCluster, config_file
-from tests.fake_gcs.server import FakeGcs
+from tests.fake_gcs.server import FakeGcs, service_account_key
 
 pytestmark = pytest.mark.docker
 
@@ -42,8 +42,10 @@ def test_a_job_uploads_from_the_chief_and_comes_home_after_down(
     data["roles"] = {"ps": "pc-1", "chief": "pc-1", "worker": ["pc-2"]}
     data["setup"]["sync"] = [str(mnist_dir)]
     data["job"].update(data_dir=f"tfcluster/{mnist_dir.name}", steps=20, checkpoint_every=10)
+    email = "writer@proj.iam.gserviceaccount.com"
+    (tmp_path / "writer.json").write_text(json.dumps(service_account_key(fake_gcs, email)))
     data["storage"] = {"bucket": "gs://tfc-runs/e2e", "endpoint": fake_gcs.endpoint,
-                       "credentials": "anonymous"}  # fmt: skip
+                       "credentials": "writer.json"}  # fmt: skip
     config = config_file(tmp_path, data)
     env = dict(os.environ, TFCLUSTER_HOME=str(tmp_path / "home"), COLUMNS="200")
 
@@ -66,6 +68,13 @@ def test_a_job_uploads_from_the_chief_and_comes_home_after_down(
     for wanted in ("summary.json", "metrics.jsonl", "checkpoints/checkpoint", "tfcluster-run.json"):
         assert prefix + wanted in names, names
     assert fake_gcs.failures_left() == 0
+    assert fake_gcs.accounts() == {email}  # this machine's check and the node's uploads
+    mode = subprocess.run(
+        ["docker", "exec", compose_cluster.container("pc-1"),
+         "stat", "-c", "%a", "/home/tfcluster/tfcluster/storage-key.json"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    assert mode == "600"
 
     deploy("down", "--yes")
     # The nodes no longer hold the run (as after a VM's deletion).

@@ -97,6 +97,9 @@ class Call:
     path: str
     query: dict[str, str]
     status: int = 0
+    # Who called: the service account a token of ``/token`` was issued to;
+    # None without a token (anonymous).
+    account: str | None = None
 
 
 @dataclass
@@ -143,6 +146,7 @@ class FakeGcs:
         self._faults: list[_Fault] = []
         self._cuts: list[int] = []
         self._sessions: dict[str, _Session] = {}
+        self._tokens: dict[str, str] = {}  # access token -> account
         self._generation = 1_700_000_000_000_000
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -257,7 +261,7 @@ class FakeGcs:
         if permission not in bucket.permissions:
             raise GcsError(
                 403,
-                f"anonymous caller does not have {permission} access to {what}. "
+                f"the caller does not have {permission} access to {what}. "
                 f"Permission '{permission}' denied on resource (or it may not exist).",
                 "forbidden",
             )
@@ -319,10 +323,14 @@ class FakeGcs:
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         call = Call(req.command, parts.path, query)
+        bearer = (req.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         with self._lock:
             self.calls.append(call)
+            call.account = self._tokens.get(bearer)
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else b""
+        if req.command == "POST" and segments == ["token"]:
+            return self._token(req, body, call)
         upload = name = None
         if segments[:1] == ["upload"]:
             upload = "chunk" if req.command == "PUT" else query.get("uploadType")
@@ -337,6 +345,29 @@ class FakeGcs:
         except GcsError as exc:
             call.status = exc.status
             _send_json(req, exc.status, exc.payload())
+
+    def _token(self, req: _Handler, body: bytes, call: Call) -> None:
+        """OAuth's token endpoint, as a service-account key's ``token_uri``
+        names it: a signed JWT assertion in, an access token out (the
+        signature is not checked; the account is the assertion's ``iss``)."""
+        form = {k: v[-1] for k, v in parse_qs(body.decode()).items()}
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(form["assertion"].split(".")[1] + "=="))
+            account = str(claims["iss"])
+        except (KeyError, IndexError, ValueError):
+            call.status = 400
+            return _send_json(req, 400, {"error": "invalid_grant"})
+        token = secrets.token_urlsafe(16)
+        with self._lock:
+            self._tokens[token] = account
+        call.status = 200
+        return _send_json(req, 200, {"access_token": token, "token_type": "Bearer",
+                                     "expires_in": 3600})  # fmt: skip
+
+    def accounts(self) -> set[str | None]:
+        """Who made the storage requests so far (None: anonymous)."""
+        with self._lock:
+            return {c.account for c in self.calls if c.path != "/token"}
 
     def _route(
         self, req: _Handler, seg: list[str], query: dict[str, str], body: bytes, call: Call
@@ -605,3 +636,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+def service_account_key(fake: FakeGcs, email: str) -> dict[str, Any]:
+    """A service-account JSON key (a real RSA key) whose ``token_uri`` is
+    the fake's token endpoint: Google's client signs in with it as it
+    would with Google, and the fake knows who calls."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    return {
+        "type": "service_account",
+        "project_id": email.split("@")[1].split(".")[0],
+        "private_key_id": "0123456789abcdef",
+        "private_key": pem,
+        "client_email": email,
+        "client_id": "1",
+        "token_uri": f"{fake.endpoint}/token",
+    }
