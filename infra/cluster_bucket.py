@@ -36,6 +36,7 @@ from infra.storage import commands as upload_commands
 from infra.storage.commands import UploadState
 from infra.storage.config import StorageConfig
 from infra.storage.urls import GsUrl, parse_gs_url, run_id_problem
+from infra.tfconfig import TaskSpec
 from infra.transport import Transport
 
 if TYPE_CHECKING:
@@ -233,9 +234,9 @@ class ClusterBucket(ClusterBase):
             pending = [s for s in self.uploads(transport, names) if s.alive]
             if not pending:
                 return []
-            if on_wait is not None:
-                on_wait(len(pending))
-            try:
+            try:  # from the moment the wait is said, Ctrl-C skips it
+                if on_wait is not None:
+                    on_wait(len(pending))
                 states = self.uploads(transport, names, DRAIN_WAIT_S)
             except KeyboardInterrupt:
                 log.warning("not waiting for the uploads: not in the bucket: %s", _missing(pending))
@@ -244,6 +245,20 @@ class ClusterBucket(ClusterBase):
         if left:
             log.warning("not in the bucket after %.0f s: %s", DRAIN_WAIT_S, _missing(left))
         return left
+
+    def bucket_spec(
+        self, spec: JobSpec, transport: Transport, tasks: Sequence[TaskSpec]
+    ) -> JobSpec:
+        """``spec`` as a launch runs it: its ``--data-dir gs://...`` read from
+        the nodes' caches (``data_from_bucket``), and, resuming on a new
+        cluster (after `down`), whose chief has no checkpoint, the bucket's
+        last ones restored there first."""
+        spec = self.data_from_bucket(spec, transport, sorted({t.node for t in tasks}))
+        if spec.resume:
+            chief = next(t.node for t in tasks if t.type == "chief")
+            run_dir = f"{transport.layout(chief).runs}/{spec.run_id}"
+            self.restore_from_bucket(transport, chief, run_dir, spec.run_id)
+        return spec
 
     def data_from_bucket(
         self, spec: JobSpec, transport: Transport, names: Sequence[str]

@@ -220,14 +220,7 @@ class ClusterJobs(ClusterBucket):
                 "into it yourself"
             )
         tasks = self.job_tasks(program.task_types, names)
-        spec = self.data_from_bucket(spec, transport, names)
-        if spec.resume:
-            # A new cluster (after `down`) has no checkpoint on its chief:
-            # the bucket's last ones go there first.
-            chief = next(t.node for t in tasks if t.type == "chief")
-            self.restore_from_bucket(
-                transport, chief, f"{transport.layout(chief).runs}/{spec.run_id}", spec.run_id
-            )
+        spec = self.bucket_spec(spec, transport, tasks)
         job = Job(
             transport,
             tasks,
@@ -242,16 +235,10 @@ class ClusterJobs(ClusterBucket):
         self.remember(job)
         # The chief's node mirrors its run folder into the bucket.
         self.start_uploader(
-            transport,
-            job.chief.node,
-            run_id=spec.run_id,
-            run_dir=job.output_dir,
-            watch_task=job.chief.name,
-            label=spec.label,
-            command=program.argv,
-            model=spec.model,
-            mode=spec.mode,
-        )
+            transport, job.chief.node, run_id=spec.run_id, run_dir=job.output_dir,
+            watch_task=job.chief.name, label=spec.label, command=program.argv,
+            model=spec.model, mode=spec.mode,
+        )  # fmt: skip
         return job
 
     def watch(self, job: Job, dest: Path) -> int:

@@ -395,6 +395,23 @@ def check_per_node(transport: Transport, nodes: Sequence[str], per_node: int) ->
     return cpus
 
 
+def _upload_trial(
+    cluster: Cluster, transport: Transport, sweep: Sweep, node: str, trial: Trial
+) -> None:
+    """The trial's node mirrors its run folder into the sweep's bucket folder."""
+    url = cluster.bucket_url(sweep.spec.sweep_id)
+    cluster.start_uploader(
+        transport,
+        node,
+        run_id=f"{sweep.spec.sweep_id}-{trial.name}",
+        url=url.child(trial.name) if url else None,
+        run_dir=sweep.run_dir(node, trial),
+        watch_task=trial.name,
+        label=f"{sweep.spec.sweep_id} {trial.name}",
+        command=sweep.spec.command(trial.params),
+    )
+
+
 def run_sweep(
     cluster: Cluster,
     spec: SweepSpec,
@@ -442,16 +459,7 @@ def run_sweep(
                 workdir=workdir,
                 on_change=on_change,
                 bucket=str(url) if (url := cluster.bucket_url(spec.sweep_id)) else None,
-                on_started=lambda node, trial: cluster.start_uploader(
-                    transport,
-                    node,
-                    run_id=f"{spec.sweep_id}-{trial.name}",
-                    url=url.child(trial.name) if url else None,
-                    run_dir=sweep.run_dir(node, trial),
-                    watch_task=trial.name,
-                    label=f"{spec.sweep_id} {trial.name}",
-                    command=spec.command(trial.params),
-                ),
+                on_started=lambda node, t: _upload_trial(cluster, transport, sweep, node, t),
             )
             on_ready(sweep)
             try:

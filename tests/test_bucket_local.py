@@ -302,3 +302,40 @@ def test_a_key_file_signs_in_and_is_named_when_it_may_not_write(
     assert any(n.endswith("/chief-0.json") for n in fake.names("tfc-runs"))
     assert fake.accounts() == {email}  # the node's uploader signed in with the key too
     none_left_in(work)
+
+
+def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    code, out = run(config, "run", "--no-ps", "--detach", "--env", "CHIEF_SLEEP=600", "--",
+                    "python", "stand_in.py")  # fmt: skip
+    assert code == 0, out
+    fake.fail(503, times=100_000)  # the bucket is down from now on
+    down = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "down", "--yes"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    assert down.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "waiting for 1 upload(s)" not in seen and time.monotonic() < deadline:
+        seen += down.stdout.readline()
+    assert "waiting for 1 upload(s)" in seen, seen
+    down.send_signal(signal.SIGINT)
+    rest, _ = down.communicate(timeout=120)
+    assert down.returncode == 0, seen + rest
+    assert "not waiting for the uploads: not in the bucket: gs://tfc-runs/team/bkt/stand-in-" in rest
+    assert "chief-0.json" in rest
+    assert "deleted bkt" in rest
+    none_left_in(work)
