@@ -180,11 +180,15 @@ class ClusterBucket(ClusterBase):
             log.warning("could not start the upload to %s on %s: %s", url, node, result.tail())
 
     def uploads(
-        self, transport: Transport, nodes: Sequence[str], wait_s: float = 0.0
+        self,
+        transport: Transport,
+        nodes: Sequence[str],
+        wait_s: float = 0.0,
+        run_id: str | None = None,
     ) -> list[UploadState]:
-        """The uploaders of these nodes (waiting up to ``wait_s`` for them
-        to end); a node that cannot be asked reports none."""
-        scripts = {n: upload_commands.uploads(transport.layout(n), wait_s) for n in nodes}
+        """The uploaders of these nodes (waiting up to ``wait_s`` for them,
+        or only ``run_id``'s, to end); a node that cannot be asked reports none."""
+        scripts = {n: upload_commands.uploads(transport.layout(n), wait_s, run_id) for n in nodes}
         states: list[UploadState] = []
         try:
             results = transport.run_all(scripts, timeout=wait_s + 60)
@@ -201,7 +205,8 @@ class ClusterBucket(ClusterBase):
         if self.storage is None:
             return None
         log.info("waiting for the upload of %s to %s", run_id, self.bucket_url(run_id))
-        found = [s for s in self.uploads(transport, [node], JOB_END_WAIT_S) if s.run_id == run_id]
+        states = self.uploads(transport, [node], JOB_END_WAIT_S, run_id)
+        found = [s for s in states if s.run_id == run_id]
         if not found:
             return None
         state = found[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +49,7 @@ def node(tmp_path: Path) -> Iterator[Path]:
 LAYOUT = NodeLayout(
     root="tfcluster",
     code=str(REPO),
-    python=str(REPO / ".venv" / "bin" / "python"),
+    python=str(Path(sys.executable).parent / "python"),
     runs="tfcluster/runs",
     logs="tfcluster/logs",
 )

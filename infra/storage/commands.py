@@ -63,16 +63,17 @@ def start_uploader(
     )
 
 
-def uploads(layout: NodeLayout, wait_s: float = 0.0) -> str:
-    """Wait up to ``wait_s`` seconds until no uploader runs on the node,
-    then print ``@tfcluster-upload NAME ALIVE STATUS-JSON`` per uploader
-    that runs or left a state file."""
+def uploads(layout: NodeLayout, wait_s: float = 0.0, run_id: str | None = None) -> str:
+    """Wait up to ``wait_s`` seconds until no uploader (or only not the one
+    of ``run_id``) runs on the node, then print ``@tfcluster-upload NAME
+    ALIVE STATUS-JSON`` per uploader that runs or left a state file."""
     logs = path(layout.logs)
+    which = shlex.quote(task_name(run_id)) + ".pid" if run_id else PREFIX + "*.pid"
     return "\n".join(
         [
             commands.PRELUDE,
             f"cd {logs} 2>/dev/null || exit 0",
-            "busy() { local f; for f in " + PREFIX + "*.pid; do [ -e \"$f\" ] || continue; "
+            f"busy() {{ local f; for f in {which}; do [ -e \"$f\" ] || continue; "
             '[ -n "$(alive_pid "$f")" ] && return 0; done; return 1; }',
             f"SECONDS=0; while busy && [ $SECONDS -lt {int(wait_s)} ]; do sleep 0.5; done",
             # Every uploader that runs (one just started has no state yet)

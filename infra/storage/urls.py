@@ -9,7 +9,6 @@ the nodes import it too.
 from __future__ import annotations
 
 import ipaddress
-import posixpath
 import re
 from dataclasses import dataclass
 
@@ -120,7 +119,5 @@ def relative_name(name: str, prefix: str) -> str | None:
         return None
     parts = rest.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        return None
-    if posixpath.normpath(rest) != rest:
         return None
     return rest
