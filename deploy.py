@@ -121,8 +121,9 @@ def status(cluster: Cluster, as_json: bool, all_gpus: bool) -> None:
 @cli.command()
 @pass_cluster
 def stop(cluster: Cluster) -> None:
-    """Stop the nodes: no compute cost, disks kept."""
-    render.print_stopped(cluster, cluster.stop())
+    """Stop the nodes: no compute cost, disks kept (pending uploads to the
+    bucket first)."""
+    render.print_stopped(cluster, cluster.stop(on_wait=render.print_upload_wait))
 
 
 @cli.command()
@@ -163,7 +164,7 @@ def down(cluster: Cluster, yes: bool, dry_run: bool) -> None:
     if not yes and not click.confirm(provider.down_question, default=False):
         console.print("cancelled: nothing changed", markup=False)
         raise click.exceptions.Exit(EXIT_CANCELLED)
-    cluster.down(plan)
+    cluster.down(plan, on_wait=render.print_upload_wait)
     render.print_down_done(cluster)
 
 
@@ -365,12 +366,28 @@ def tensorboard(cluster: Cluster, run_id: str | None, port: int) -> None:
 
 
 @cli.command()
+@click.argument("run", metavar="[RUN]", required=False)
 @dest_option("Where to put it.")
 @pass_cluster
-def fetch(cluster: Cluster, dest: Path | None) -> None:
-    """Bring the last job's run folder home (metrics, summary, plots, checkpoints)."""
-    record, destination = cluster.fetch(dest)
-    console.print(f"fetched {record.run_id} to {destination}", markup=False)
+def fetch(cluster: Cluster, run: str | None, dest: Path | None) -> None:
+    """Bring a run folder home (default the last job's: metrics, summary,
+    plots, checkpoints): from the nodes while they hold it, else from the
+    cluster's bucket (a run id, or gs://...)."""
+    run_id, destination, source = cluster.fetch_run(run, dest)
+    where = "" if source == "the nodes" else f" from {source}"
+    console.print(f"fetched {run_id}{where} to {destination}", markup=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable rows.")
+@pass_cluster
+def runs(cluster: Cluster, as_json: bool) -> None:
+    """The runs of this cluster in its bucket: id, started, what ran, status, size."""
+    found = cluster.bucket_runs()
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in found], indent=2))
+        return
+    render.print_bucket_runs(cluster, found)
 
 
 @cli.command()
@@ -386,7 +403,7 @@ def ssh(cluster: Cluster, node: str) -> None:
 
 
 @cli.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.argument("run_dirs", nargs=-1, required=True)
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -395,11 +412,25 @@ def ssh(cluster: Cluster, node: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable rows.")
 @click.option("--metric", help="A sweep's metric to rank the trials by (default test accuracy).")
-def report(run_dirs: tuple[str, ...], plot: Path | None, as_json: bool, metric: str | None) -> None:
+@pass_cluster
+def report(
+    cluster: Cluster,
+    run_dirs: tuple[str, ...],
+    plot: Path | None,
+    as_json: bool,
+    metric: str | None,
+) -> None:
     """Compare runs: training time, examples/s, speedup vs 1 worker, accuracy or PSNR.
     Given a sweep folder: its trials, the best one marked, and the metric
-    against each parameter."""
-    print_report(run_dirs, plot, as_json, metric)
+    against each parameter. A run in the cluster's bucket (gs://..., or a
+    run id that is no folder here) is fetched first."""
+    folders = tuple(
+        str(cluster.bucket_copy(r))
+        if r.startswith("gs://") or (cluster.storage is not None and not Path(r).exists())
+        else r
+        for r in run_dirs
+    )
+    print_report(folders, plot, as_json, metric)
 
 
 # -- sweeps ----------------------------------------------------------------------

@@ -7,9 +7,10 @@ or another CLI.
 
 This module holds the nodes' life: what exists (``status``), up, start,
 stop, down, setup and autostop. ``Cluster`` gets the rest from the classes
-it extends, one concept each: jobs (infra/cluster_jobs.py), looking into
-running nodes (infra/cluster_access.py), and what they all stand on
-(infra/cluster_base.py). Callers only ever see ``Cluster``.
+it extends, one concept each: jobs (infra/cluster_jobs.py), runs brought
+home (infra/cluster_runs.py), the cluster's bucket (infra/cluster_bucket.py),
+looking into running nodes (infra/cluster_access.py), and what they all
+stand on (infra/cluster_base.py). Callers only ever see ``Cluster``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from infra import autostop, commands, facts
 from infra.cluster_access import ClusterAccess
 from infra.cluster_base import locked
-from infra.cluster_jobs import ClusterJobs
+from infra.cluster_runs import ClusterRuns
 from infra.errors import ConfigError, CredentialsError, StateError, TfclusterError
 from infra.fanout import fan_out
 from infra.jobrun import JobReporter, JobResult, run_job
@@ -69,6 +70,9 @@ class NodeView:
     declared: bool  # in cluster.yaml (an undeclared one still carries our label)
     hourly_usd: float | None  # this node as it is now (a stopped one pays its disk)
     gpus: facts.GpuReport | None = None  # None: not asked (see Cluster.status)
+    # The cloud identity of its programs (GCE: the service account and its scopes).
+    service_account: str | None = None
+    scopes: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -76,7 +80,7 @@ class NodeView:
         return out
 
 
-class Cluster(ClusterJobs, ClusterAccess):
+class Cluster(ClusterRuns, ClusterAccess):
     """One cluster of cluster.yaml: its nodes (here), its jobs
     (``ClusterJobs``), its logs, TensorBoard and shells (``ClusterAccess``)."""
 
@@ -116,6 +120,8 @@ class Cluster(ClusterJobs, ClusterAccess):
                     declared=name in self.config.nodes,
                     hourly_usd=self.provider.hourly_cost([node]) if node else None,
                     gpus=gpus.get(name),
+                    service_account=node.service_account if node else None,
+                    scopes=list(node.scopes) if node else None,
                 )
             )
         return views, self.provider.hourly_cost(nodes)
@@ -181,6 +187,9 @@ class Cluster(ClusterJobs, ClusterAccess):
         after = self.config.autostop if autostop is None else autostop
         self.check_autostop(after)
         plan = self.plan_up()
+        # Before anything is created: a bucket the nodes cannot write is
+        # found now, not at the end of the first job.
+        self.check_bucket()
         nodes = apply_up(self.provider, plan, timeout=self.provider.operation_timeout())
         self.nodes()  # refresh the cached addresses
         report: SetupReport | None = None
@@ -272,8 +281,11 @@ class Cluster(ClusterJobs, ClusterAccess):
         return plan_down(self.nodes(), self.provider.shared_resources())
 
     @locked("down")
-    def down(self, plan: DownPlan) -> None:
+    def down(self, plan: DownPlan, *, on_wait: Callable[[int], None] | None = None) -> None:
+        """Delete (or release) what ``plan`` names, once the nodes' pending
+        uploads to the bucket are done (``on_wait(n)`` when there are)."""
         before = self.nodes()
+        self._upload_first(before, on_wait)
         # Only what was confirmed and still exists (a `down` we waited for
         # may have deleted it; nodes made since were not confirmed).
         plan = replace(plan, delete=[n for n in plan.delete if n in {b.name for b in before}])
@@ -282,11 +294,24 @@ class Cluster(ClusterJobs, ClusterAccess):
         self.state.update(nodes={})
 
     @locked("stop")
-    def stop(self) -> list[str]:
+    def stop(self, *, on_wait: Callable[[int], None] | None = None) -> list[str]:
         before = self.nodes()
+        self._upload_first(before, on_wait)
         stopped = apply_stop(self.provider, before)
         self._forget_addresses([n for n in before if n.name in stopped])
         return stopped
+
+    def _upload_first(self, nodes: Sequence[Node], on_wait: Callable[[int], None] | None) -> None:
+        """Before the nodes stop or go: their runs into the bucket. A job
+        still running would keep its uploader waiting for its chief: its
+        tasks are stopped first (as `cancel` does; the chief has its grace
+        to save a checkpoint), then the uploads are waited for."""
+        if self.storage is None or not any(n.state is NodeState.RUNNING for n in nodes):
+            return
+        if self.running_job() is not None:
+            log.warning("a job is running: stopping it, then waiting for its upload")
+            self._cancel()
+        self.drain_uploads(nodes, on_wait)
 
     def _forget_addresses(self, nodes: Sequence[Node]) -> None:
         """Unpin the host keys of addresses the nodes gave up. A GCE

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import commands, facts
-from infra.cluster_base import ClusterBase
+from infra.cluster_bucket import ClusterBucket
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
 from infra.job_spec import JobRecord, is_run_id
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tfcluster")
 
 
-class ClusterAccess(ClusterBase):
+class ClusterAccess(ClusterBucket):
     # -- tensorboard ----------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -52,6 +52,10 @@ class ClusterAccess(ClusterBase):
         TensorBoard's start (which takes a while)."""
 
         record = self.last_job()
+        if run_id is not None and run_id.startswith("gs://"):
+            with self._serve_copy(run_id, local_port, on_starting) as served:
+                yield served
+            return
         if run_id is None and record is None:
             raise StateError(
                 f"no job has run on {self.config.name} yet: no run folder to show; "
@@ -66,6 +70,12 @@ class ClusterAccess(ClusterBase):
         node = next(
             (n for n in self.nodes() if n.name == chief and n.state is NodeState.RUNNING), None
         )
+        if node is None and self.config.storage is not None:
+            # The nodes are gone (or stopped): the run is in the bucket.
+            run = run_id if run_id is not None else record.run_id if record else ""
+            with self._serve_copy(run, local_port, on_starting) as served:
+                yield served
+            return
         if node is None:
             raise StateError(
                 f"{chief}, the chief's node, is not running: the run folders are there; "
@@ -87,6 +97,22 @@ class ClusterAccess(ClusterBase):
                 ) from None
             with self._serve_board(node, record, run_id, local_port, on_starting) as served:
                 yield served
+
+    @contextlib.contextmanager
+    def _serve_copy(
+        self, run: str, local_port: int, on_starting: Callable[[str], None]
+    ) -> Iterator[tuple[Board, Callable[[], None]]]:
+        """TensorBoard here, on a copy of a run in the cluster's bucket."""
+        from infra import tensorboard
+        from infra.providers.local import LocalTransport
+
+        folder = self.bucket_copy(run)
+        homes = self.state.dir / "bucket-board"
+        (homes / "here").mkdir(parents=True, exist_ok=True)
+        transport = LocalTransport(["here"], homes)
+        on_starting("this machine")
+        with tensorboard.serve(transport, "here", str(folder), local_port) as board:
+            yield board, functools.partial(tensorboard.watch, transport, board)
 
     @contextlib.contextmanager
     def _serve_board(

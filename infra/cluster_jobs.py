@@ -1,7 +1,7 @@
 """The job side of ``Cluster``: the spec of a job (the built-in trainer or
 the user's program), its launch (sync, start every task, remember it), its
 end (watch, cancel, the exit code recorded), finding it again later
-(``running_job``, ``attach``, ``fetch``) and ``exec`` of a command on the
+(``running_job``, ``attach``; ``fetch`` is infra/cluster_runs.py's) and ``exec`` of a command on the
 nodes, which waits for a running job's files as a launch does.
 
 A mixin of ``Cluster`` (infra/cluster.py): callers call ``cluster.launch()``;
@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from infra import commands
-from infra.cluster_base import ClusterBase, locked
+from infra.cluster_base import locked
+from infra.cluster_bucket import ClusterBucket
 from infra.config import check_env_name
 from infra.destination import check_destination
-from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
+from infra.errors import (
+    ConfigError,
+    HostKeyChanged,
+    RemoteError,
+    StateError,
+    combine_errors,
+)
 from infra.fanout import in_threads
 from infra.job import Job, shielded
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
@@ -50,7 +57,7 @@ def _busy(record: JobRecord) -> StateError:
     )
 
 
-class ClusterJobs(ClusterBase):
+class ClusterJobs(ClusterBucket):
     # -- jobs --------------------------------------------------------------------
 
     def train_spec(self, *, resume: bool = False, **overrides: Any) -> JobSpec:
@@ -82,7 +89,7 @@ class ClusterJobs(ClusterBase):
             raise StateError(f"{mode.name} mode needs worker nodes: add roles.worker")
         run_id = new_run_id(f"{values['model']}-{values['mode']}")
         if resume:
-            last = self.last_job()
+            last = self.last_job() or self.last_bucket_run()
             if last is None:
                 raise StateError(
                     "nothing to resume: no earlier job of this cluster is known; "
@@ -215,11 +222,12 @@ class ClusterJobs(ClusterBase):
             )
         tasks = self.job_tasks(program.task_types, names)
         self.provider.before_tasks(program, tasks)
+        spec = self.bucket_spec(spec, transport, tasks)
         job = Job(
             transport,
             tasks,
             spec,
-            env=self.provider.task_env(),
+            env={**self.provider.task_env(), **self.bucket_env(spec.run_id)},
             workdir=workdir,
             on_event=on_event,
             on_log=on_log,
@@ -227,6 +235,12 @@ class ClusterJobs(ClusterBase):
         )
         job.start()
         self.remember(job)
+        # The chief's node mirrors its run folder into the bucket.
+        self.start_uploader(
+            transport, job.chief.node, run_id=spec.run_id, run_dir=job.output_dir,
+            watch_task=job.chief.name, label=spec.label, command=program.argv,
+            model=spec.model, mode=spec.mode,
+        )  # fmt: skip
         return job
 
     def watch(self, job: Job, dest: Path) -> int:
@@ -237,17 +251,6 @@ class ClusterJobs(ClusterBase):
             return job.watch(dest)
         finally:
             self.remember(job, exit_code=job.exit_code if job.exit_code is not None else -1)
-
-    def fetch(self, dest: Path | None = None) -> tuple[JobRecord, Path]:
-        """Bring the last job's run folder home (default runs/<cluster>/<run
-        id>): the job and where it is now."""
-        record = self.last_job()
-        if record is None:
-            raise StateError("no job to fetch yet: run `deploy.py train` or `deploy.py run` first")
-        destination = self.local_run_dir(record.run_id, dest)
-        job = self.attach(record)
-        job.fetch(destination)
-        return record, destination
 
     def running_job(self, *, finish: bool = False) -> JobRecord | None:
         """The last job, if it still runs: its chief does (or, where the
@@ -289,6 +292,10 @@ class ClusterJobs(ClusterBase):
     @locked("cancel")
     def cancel(self) -> tuple[JobRecord, list[str]]:
         """Stop every task of the running (or last) job on purpose."""
+        return self._cancel()
+
+    def _cancel(self) -> tuple[JobRecord, list[str]]:
+        """``cancel`` for a caller that holds the lock already."""
         record = self.last_job()
         if record is None:
             raise StateError("no job to cancel: none of this cluster is known")

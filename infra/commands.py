@@ -57,6 +57,9 @@ _PRELUDE = "\n".join(
     ]
 )
 
+# For the commands of other modules (infra/storage/commands.py).
+PRELUDE = _PRELUDE
+
 
 def path(p: str) -> str:
     """A layout path as a bash word: absolute as is, relative from $H."""

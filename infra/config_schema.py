@@ -35,6 +35,7 @@ from pydantic_core import PydanticCustomError
 
 from infra.config_base import Port, Strict, show
 from infra.config_hosts import HostConfig, host_shorthand
+from infra.storage.config import StorageConfig
 from trainer import catalog
 
 if TYPE_CHECKING:
@@ -284,6 +285,8 @@ class ClusterConfig(Strict):
     # Stop every node once no job task has run for this long (45s, 30m, 2h;
     # off by default): infra/autostop.py. Seconds once validated.
     autostop: Annotated[int | None, BeforeValidator(_autostop)] = None
+    # The cluster's bucket (infra/storage/config.py); None: runs stay on the nodes.
+    storage: StorageConfig | None = None
     # Folder of this file; relative paths in it are resolved from here. Set by load_config.
     base_dir: Path = Field(default=Path("."), exclude=True)
     # The file as the user named it (--config), set by parse_config: the

@@ -29,6 +29,7 @@ from infra.progress import ProgressEvent
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster
+    from infra.cluster_bucket import BucketOutcome
 
 
 class JobReporter:
@@ -65,6 +66,8 @@ class JobResult:
     # The built-in trainer's summary: from the chief's "done" event, else
     # the fetched summary.json; a program of the user's: only its event's.
     summary: dict[str, Any] | None = None
+    # What its run folder has in the cluster's bucket (None: no storage).
+    bucket: BucketOutcome | None = None
 
     @property
     def ok(self) -> bool:
@@ -131,7 +134,8 @@ def run_job(
     summary = job.summary
     if not summary and spec.program.builtin and code == 0:
         summary = read_summary(destination)
-    return JobResult(spec, job, destination, exit_code=code, summary=summary)
+    bucket = cluster.upload_outcome(job.transport, job.chief.node, spec.run_id)
+    return JobResult(spec, job, destination, exit_code=code, summary=summary, bucket=bucket)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

@@ -39,6 +39,8 @@ from infra.sweep_trial import SWEEP_FILE, Trial, line_metrics, read_json, summar
 from infra.text import node_text
 from infra.transport import Transport
 
+JOB_END_WAIT_S = 300.0  # as infra/cluster_bucket.py's: a sweep's end waits for its uploads
+
 if TYPE_CHECKING:
     from infra.cluster import Cluster
 
@@ -68,8 +70,15 @@ class Sweep:
         env: Mapping[str, str] | None = None,
         workdir: Path | None = None,
         on_change: Callable[[Trial], None] = lambda t: None,
+        bucket: str | None = None,
+        on_started: Callable[[str, Trial], None] = lambda node, t: None,
     ) -> None:
+        """``bucket``: the sweep's gs:// folder (each trial's is below it,
+        TFCLUSTER_BUCKET_URL); ``on_started(node, trial)`` once a trial
+        runs (the cluster starts its uploader there)."""
         self.transport = transport
+        self.bucket = bucket
+        self.on_started = on_started
         self.nodes = list(nodes)
         self.spec = spec
         self.per_node = per_node
@@ -101,6 +110,7 @@ class Sweep:
             "TFCLUSTER_RUN_ID": self.spec.sweep_id,
             "TFCLUSTER_SWEEP": self.spec.sweep_id,
             "TFCLUSTER_TRIAL": str(trial.index),
+            **({"TFCLUSTER_BUCKET_URL": f"{self.bucket}/{trial.name}"} if self.bucket else {}),
         }
         cwd = None
         if not self.spec.builtin:
@@ -203,6 +213,7 @@ class Sweep:
         trial.note = ""
         self.on_change(trial)
         self.write()
+        self.on_started(node, trial)
         threading.Thread(target=self._follow, args=(node, trial), daemon=True).start()
         return True
 
@@ -384,6 +395,23 @@ def check_per_node(transport: Transport, nodes: Sequence[str], per_node: int) ->
     return cpus
 
 
+def _upload_trial(
+    cluster: Cluster, transport: Transport, sweep: Sweep, node: str, trial: Trial
+) -> None:
+    """The trial's node mirrors its run folder into the sweep's bucket folder."""
+    url = cluster.bucket_url(sweep.spec.sweep_id)
+    cluster.start_uploader(
+        transport,
+        node,
+        run_id=f"{sweep.spec.sweep_id}-{trial.name}",
+        url=url.child(trial.name) if url else None,
+        run_dir=sweep.run_dir(node, trial),
+        watch_task=trial.name,
+        label=f"{sweep.spec.sweep_id} {trial.name}",
+        command=sweep.spec.command(trial.params),
+    )
+
+
 def run_sweep(
     cluster: Cluster,
     spec: SweepSpec,
@@ -430,7 +458,13 @@ def run_sweep(
                 env=cluster.provider.task_env(),
                 workdir=workdir,
                 on_change=on_change,
+                bucket=str(url) if (url := cluster.bucket_url(spec.sweep_id)) else None,
+                on_started=lambda node, t: _upload_trial(cluster, transport, sweep, node, t),
             )
             on_ready(sweep)
-            sweep.run()
+            try:
+                sweep.run()
+            finally:
+                if url is not None:  # the trials' last uploads, bounded
+                    cluster.uploads(transport, nodes, JOB_END_WAIT_S)
             return sweep

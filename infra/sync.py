@@ -1,12 +1,13 @@
 """Sync: the checkout's code, ``setup.sync`` data and the working folder, to the nodes.
 
-**What** (``sync_items``): ``trainer/`` and ``pyproject.toml`` of this
-checkout go to ``layout.code``; each ``setup.sync`` path (relative to the
-config file's folder; ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` are
-expanded from the environment) goes to ``<root>/<its basename>``, so a data
-folder ``mnist`` is ``tfcluster/mnist`` on the nodes (``job.data_dir``);
-with ``run``/``exec`` the user's working folder (``workdir_item``) goes to
-``<root>/work``, less what its filter keeps back (``infra/workdir.py``).
+**What** (``sync_items``): ``trainer/``, ``infra/storage/`` (the node's
+uploader) and ``pyproject.toml`` of this checkout go to ``layout.code``;
+each ``setup.sync`` path (relative to the config file's folder; ``$VAR``,
+``${VAR}`` and ``${VAR:-default}`` are expanded from the environment) goes
+to ``<root>/<its basename>``, so a data folder ``mnist`` is
+``tfcluster/mnist`` on the nodes (``job.data_dir``); with ``run``/``exec``
+the user's working folder (``workdir_item``) goes to ``<root>/work``, less
+what its filter keeps back (``infra/workdir.py``).
 
 **How** (incremental): only changed files move. A quick check of sizes
 and mtimes (``sync_stale``) first; then rsync over the cluster's SSH (its
@@ -39,8 +40,10 @@ from infra.workdir import WorkdirFilter
 
 # The checkout whose trainer/ the nodes run.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# What of the checkout goes to layout.code.
-CODE_PATHS = ("trainer", "pyproject.toml")
+# What of the checkout goes to layout.code: the trainer, and the node side
+# of the cluster's bucket (the uploader, python -m infra.storage.uploader,
+# which imports only infra/storage's node-safe modules).
+CODE_PATHS = ("trainer", "infra/storage", "pyproject.toml")
 # Basenames under <root> that tfcluster itself uses: a synced folder of the
 # same name would overwrite them.
 RESERVED = (
@@ -153,7 +156,8 @@ def workdir_item(local: Path, remote: str, secrets: Iterable[Path] = ()) -> Sync
 
 def secret_paths(config: ClusterConfig) -> list[Path]:
     """The files the config names that must never leave this machine: the
-    providers' (gce's service-account key) and the SSH key (the filter
+    providers' (gce's service-account key), the bucket's key (a node that
+    needs it gets its own copy, infra/cluster_bucket.py) and the SSH key (the filter
     itself always keeps tfcluster's state folder back)."""
     paths = [
         config.resolve(file)
@@ -162,6 +166,9 @@ def secret_paths(config: ClusterConfig) -> list[Path]:
     ]
     if config.ssh.key_file:
         paths.append(config.resolve(config.ssh.key_file))
+    storage = config.storage
+    if storage is not None and storage.credentials not in ("adc", "anonymous"):
+        paths.append(config.resolve(storage.credentials))
     return paths
 
 

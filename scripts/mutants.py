@@ -217,6 +217,20 @@ MUTANTS: list[Mutant] = [
     m("dest: an unwritable --dest found only after the job", "infra/cluster_jobs.py",
       "            check_destination(dest / run_id, dest)\n", "            pass\n",
       "tests/test_run_attack.py", k="destination_that_cannot"),
+    # -- the cluster's bucket ------------------------------------------------------------------
+    m("bucket: object names may climb out of a run folder", "infra/storage/urls.py",
+      '    if any(p in ("", ".", "..") for p in parts):', "    if False:",
+      "tests/test_storage_config.py", k="climb_out"),
+    m("bucket: a checkpoint index before the files it names", "infra/storage/uploader.py",
+      "            if path.rsplit(\"/\", 1)[-1] == INDEX and self._waiting(now, path):",
+      "            if False:",
+      "tests/test_uploader.py", k="index"),
+    m("bucket: up no longer checks the bucket", "infra/cluster.py",
+      "        self.check_bucket()\n", "",
+      "tests/test_bucket_local.py", k="refuses"),
+    m("identity: nodes created with no scopes", "infra/providers/gce/instances.py",
+      "scopes=identity.scope_urls(gce.scopes)", "scopes=[]",
+      "tests/test_gce_identity.py", k="default_account_with"),
 ]
 
 

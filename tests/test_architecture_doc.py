@@ -116,18 +116,37 @@ def test_infra_never_imports_tensorflow() -> None:
     assert violations("infra", TENSORFLOW) == []
 
 
-def test_only_the_gce_package_imports_google() -> None:
+def test_only_the_gce_and_storage_packages_import_google() -> None:
     # The product: the library, the trainer, the CLI and the examples.
-    # (Tests drive the real client, and bench/up.py loads it before timing.)
+    # (Tests drive the real clients, and bench/up.py loads one before timing.)
     gce = REPO / "infra" / "providers" / "gce"
+    storage = REPO / "infra" / "storage"
     found = [
         v
         for folder in ("infra", "trainer", "examples")
         for v in violations(folder, ("google",))
         if not (REPO / v.split(" ")[0]).is_relative_to(gce)
+        and not (REPO / v.split(" ")[0]).is_relative_to(storage)
     ]
     found += [f"deploy.py imports {n}" for n in imports(REPO / "deploy.py") if _under(n, "google")]
     assert found == []
+    # Each its own service: Compute in gce/, Cloud Storage in storage/.
+    assert violations("infra/providers/gce", ("google.cloud.storage",)) == []
+    assert violations("infra/storage", ("google.cloud.compute_v1",)) == []
+
+
+def test_the_nodes_storage_code_needs_nothing_but_itself() -> None:
+    """infra/storage/ goes to the nodes (CODE_PATHS), which have no
+    pydantic and no rest of infra: the uploader and what it imports stay
+    within the package's node-safe modules and Google's client."""
+    node_safe = {"infra.storage", "infra.storage._gcs", "infra.storage.transfer",
+                 "infra.storage.urls", "infra.storage.uploader"}  # fmt: skip
+    for name in node_safe - {"infra.storage"}:
+        path = REPO.joinpath(*name.split(".")).with_suffix(".py")
+        for imported in imports(path):
+            if _under(imported, "infra"):
+                assert imported in node_safe, f"{name} imports {imported}"
+            assert not _under(imported, "pydantic") and not _under(imported, "yaml"), imported
 
 
 def test_infra_imports_from_the_trainer_only_what_it_may() -> None:

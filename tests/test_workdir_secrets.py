@@ -64,3 +64,19 @@ def test_a_leftover_gce_section_still_keeps_its_key_out_on_another_provider(
         "cluster.yaml",
         "train.py",
     ]
+
+
+def test_the_buckets_key_file_is_never_sent(tmp_path: Path) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "bucket-writer.json").write_text('{"private_key": "SECRET"}')
+    config_file = work / "cluster.yaml"
+    config_file.write_text(
+        "name: x\nstorage: {bucket: gs://my-runs, credentials: bucket-writer.json}\n"
+    )
+    item = workdir_item(work, "tfcluster/work", secret_paths(load_config(config_file)))
+    assert sorted(p.relative_to(work).as_posix() for p in item.files()) == [
+        "cluster.yaml",
+        "train.py",
+    ]

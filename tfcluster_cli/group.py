@@ -26,6 +26,7 @@ COMMAND_ORDER = (
     "tensorboard",
     "cancel",
     "fetch",
+    "runs",
     "report",
     "ssh",
     "stop",

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from infra.job_spec import JobRecord
     from infra.providers.base import Node
     from infra.setup_report import SetupReport
+    from infra.storage.runs import BucketRun
     from infra.tensorboard import Board
 
 
@@ -44,6 +45,14 @@ def print_up_plan(cluster: Cluster, plan: UpPlan, skip_setup: bool) -> None:
         )
     for line in plan.lines(provider.planned_node()):
         consoles.console.print(f"  {node_text(line)}", markup=False, soft_wrap=True)
+    if (who := provider.planned_identity()) is not None:
+        consoles.console.print(f"  identity {node_text(who)}", markup=False, soft_wrap=True)
+    if config.storage is not None:
+        consoles.console.print(
+            f"  bucket  {config.storage.url} (checked before anything is created)",
+            markup=False,
+            soft_wrap=True,
+        )
     if not skip_setup and provider.needs_setup:
         consoles.console.print("  setup   install + sync on every node")
     running = len(plan.create) + len(plan.start) + len(plan.wait) + len(plan.reuse)
@@ -249,6 +258,8 @@ def print_job_outcome(result: JobResult) -> None:
             "bring results home with `deploy.py fetch`, stop it with `deploy.py cancel`"
         )
         return
+    if result.bucket is not None:
+        consoles.console.print(result.bucket.text(), markup=False, soft_wrap=True)
     result.check()
     # The chief's "done" event was shown as it came; say it only if it got lost.
     if result.summary and not result.job.summary:
@@ -263,3 +274,32 @@ def print_job_outcome(result: JobResult) -> None:
 
 def params_text(params: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def print_upload_wait(count: int) -> None:
+    """``down``/``stop`` wait for the nodes' uploads to the bucket first."""
+    from infra.cluster_bucket import DRAIN_WAIT_S
+
+    consoles.console.print(
+        f"waiting for {count} upload(s) to the bucket to finish (at most {DRAIN_WAIT_S:.0f} s; "
+        "Ctrl-C skips the wait)",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def print_bucket_runs(cluster: Cluster, runs: Sequence[BucketRun]) -> None:
+    """``deploy.py runs``: the cluster's runs in its bucket."""
+    if not runs:
+        consoles.console.print(f"no run of {cluster.config.name} in the bucket yet", markup=False)
+        return
+    table = Table(title=Text(f"runs of {cluster.config.name} in the bucket"), title_justify="left")
+    for column in ("run", "started", "what ran", "status", "size"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for r in runs:
+        status = r.status + (f" ({r.exit_code})" if r.exit_code not in (None, 0) else "")
+        table.add_row(
+            cell(r.run_id), cell(r.started_at or "-"), cell(node_text(r.label) or "-"),
+            cell(status), cell(f"{r.size / 1e6:.1f} MB"),
+        )  # fmt: skip
+    consoles.console.print(table)

@@ -34,6 +34,7 @@ from infra.state import ClusterState
 
 if TYPE_CHECKING:
     from infra.job_spec import Program
+    from infra.storage.config import NodeIdentity
     from infra.tfconfig import TaskSpec
     from infra.transport import Transport
 
@@ -64,6 +65,9 @@ class Node:
     accelerators: str | None = None
     preemptible: bool = False
     labels: dict[str, str] = field(default_factory=dict)
+    # The cloud identity its programs get (GCE: the service account); None: none known.
+    service_account: str | None = None
+    scopes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,20 @@ class NodeProvider(ABC):
         ports). Nothing by default: a VM's tasks are behind the cloud's
         firewall (gce) or the hosts' own (ssh: see README, Security)."""
 
+    #: Whether the nodes have a cloud identity of their own (``bucket_identity``
+    #: answers one): their uploader then authenticates as the node (GCE's
+    #: metadata server), with no key file sent to them.
+    nodes_have_identity = False
+
+    def bucket_identity(self) -> NodeIdentity | None:
+        """Who the nodes write to the cluster's bucket (``storage``) as,
+        where they have an identity of their own (a GCE node's service
+        account, from its metadata server); None: they use
+        ``storage.credentials``, this machine's, which ``up`` checks as is.
+        ConfigError where the nodes could never write (scopes without
+        Cloud Storage)."""
+        return None
+
     def can_stop(self) -> bool:
         """Whether stop/start mean anything (not for existing ssh hosts)."""
         return True
@@ -277,6 +295,12 @@ class NodeProvider(ABC):
         """What ``up`` would create for one node, from the config alone (no
         API call, no credentials): machine type, disk, zone. None: nothing
         worth saying (local folders, existing hosts)."""
+        return None
+
+    def planned_identity(self) -> str | None:
+        """Who the nodes' programs are to their cloud, from the config
+        alone (gce: the service account and scopes); None: nothing of
+        their own."""
         return None
 
     def planned_cost(self, count: int) -> float | None:

@@ -76,7 +76,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from tests.fake_gce import catalog
+from tests.fake_gce import catalog, identity
 from tests.fake_gce.filters import FilterError, compile_filter
 
 # selfLinks name Google's endpoint, as the real API's do, whatever the
@@ -698,12 +698,13 @@ class FakeGce:
                      for k, v in self.project_metadata.get(p["project"], {}).items()]
         return {
             "kind": "compute#project",
-            "id": str(10**18 + len(p["project"])),
+            "id": identity.project_number(p["project"]),
             "name": p["project"],
             "commonInstanceMetadata": {
                 "kind": "compute#metadata", "fingerprint": _fingerprint(items), "items": items,
             },
             "defaultNetworkTier": "PREMIUM",
+            "defaultServiceAccount": identity.default_account(p["project"]),
             "selfLink": f"{API_ROOT}/projects/{p['project']}",
         }
 
@@ -1450,8 +1451,9 @@ class FakeGce:
                 }
                 for a in accelerators
             ]
-        if body.get("serviceAccounts"):
-            resource["serviceAccounts"] = body["serviceAccounts"]
+        accounts = identity.service_accounts(project, body.get("serviceAccounts"))
+        if accounts:
+            resource["serviceAccounts"] = accounts
         return resource
 
     def _internal_ip(self) -> str:

@@ -27,6 +27,7 @@ record = {
     "python": sys.executable,
     "argv": sys.argv[1:],
     "env": {k: v for k, v in os.environ.items() if k.startswith("USER_")},
+    "bucket_url": os.environ.get("TFCLUSTER_BUCKET_URL"),
 }
 with open(os.path.join(os.environ["TFCLUSTER_RUN_DIR"], f"{task}.json"), "w") as f:
     json.dump(record, f)

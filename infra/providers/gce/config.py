@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, field_validator
 
 from infra.config_base import Strict, show
+from infra.providers.gce.identity import (
+    DEFAULT_SCOPES,
+    scope_urls,
+    service_account_problem,
+)
 
 if TYPE_CHECKING:
     from infra.config import ClusterConfig
@@ -69,6 +74,12 @@ class GceConfig(Strict):
     # (saved by GCE and billed while stopped) or discard it. Other machine
     # types have none and ignore this.
     local_ssd_on_stop: Literal["keep", "discard"] = "keep"
+    # The nodes' identity (infra/providers/gce/identity.py): "default" (the
+    # project's default compute service account) or a service account's email.
+    service_account: str = "default"
+    # What its tokens may do: gcloud's aliases (storage-rw, cloud-platform, ...)
+    # or scope URLs. Default: read/write Cloud Storage only.
+    scopes: list[str] = list(DEFAULT_SCOPES)
 
     @field_validator("zones")
     @classmethod
@@ -93,6 +104,21 @@ class GceConfig(Strict):
                     f"{show(cidr)} is not a CIDR range such as 203.0.113.7/32"
                 ) from None
         return ranges
+
+    @field_validator("service_account")
+    @classmethod
+    def _service_account(cls, value: str) -> str:
+        if (problem := service_account_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, scopes: list[str]) -> list[str]:
+        if not scopes:
+            raise ValueError("list at least one scope, for example [storage-rw]")
+        scope_urls(scopes)  # ValueError naming an unknown one
+        return scopes
 
     @field_validator("api_endpoint")
     @classmethod

@@ -20,7 +20,7 @@ from typing import cast
 from infra.config import in_file
 from infra.errors import CapacityError, ConfigError, ProviderError, StateError
 from infra.providers.base import NodeState
-from infra.providers.gce import checks
+from infra.providers.gce import checks, identity
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, _last, _retried
 from infra.providers.gce.errors import (
@@ -164,6 +164,12 @@ class GceInstances(GceNodes):
             network_interfaces=[nic],
             scheduling=scheduling,
             guest_accelerators=accelerators,
+            # The node's identity: its metadata server's tokens (for gs://).
+            service_accounts=[
+                compute_v1.ServiceAccount(
+                    email=gce.service_account, scopes=identity.scope_urls(gce.scopes)
+                )
+            ],
         )
 
     def _zone_order(self, existing: Mapping[str, list[compute_v1.Instance]]) -> list[str]:

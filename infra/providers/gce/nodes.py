@@ -170,6 +170,7 @@ class GceNodes(GceApi):
             f"{a.accelerator_count} x {_last(a.accelerator_type)}" for a in inst.guest_accelerators
         )
         scheduling = inst.scheduling
+        account = inst.service_accounts[0] if inst.service_accounts else None
         return Node(
             name=inst.name,
             state=_STATES.get(inst.status, NodeState.PENDING),
@@ -183,6 +184,8 @@ class GceNodes(GceApi):
             accelerators=accelerators or None,
             preemptible=bool(scheduling.preemptible) or scheduling.provisioning_model == "SPOT",
             labels=dict(inst.labels),
+            service_account=account.email if account else None,
+            scopes=tuple(account.scopes) if account else (),
         )
 
     def _labels(self, name: str) -> dict[str, str]:

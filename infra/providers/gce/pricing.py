@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from infra import pricing
 from infra.providers.base import Node, NodeState
-from infra.providers.gce import checks
+from infra.providers.gce import checks, identity
 from infra.providers.gce.api import GceApi
 
 log = logging.getLogger("tfcluster")
@@ -68,6 +68,11 @@ class GcePricing(GceApi):
         zones = gce.zones
         where = f"zone {zones[0]}" + (f", else {', '.join(zones[1:])}" if zones[1:] else "")
         return ", ".join(parts) + ", " + where
+
+    def planned_identity(self) -> str | None:
+        gce = self.gce
+        scopes = ", ".join(identity.short_scopes(identity.scope_urls(gce.scopes)))
+        return f"service account {gce.service_account} (scopes {scopes})"
 
     def planned_cost(self, count: int) -> float | None:
         gce = self.gce

@@ -118,6 +118,13 @@ class GceProject(GceApi):
         )
         return {i.key: i.value for i in project.common_instance_metadata.items}
 
+    @_retried("read the default service account of project {self.api.project}", mutates=False)
+    def _default_service_account(self) -> str:
+        project = self.api.projects.get(
+            project=self.api.project, retry=None, timeout=_CALL_TIMEOUT_S
+        )
+        return str(project.default_service_account)
+
     def _auth_hint(self) -> str | None:
         """Why the nodes refused the cluster's key: OS Login enforced on the
         project is the usual cause on GCE (instance metadata enable-oslogin=

@@ -15,15 +15,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from infra.config import ClusterConfig
-from infra.errors import StateError
+from infra.errors import ConfigError, StateError
 from infra.providers.base import Node
-from infra.providers.gce import checks
+from infra.providers.gce import checks, identity
 from infra.providers.gce.config import GceConfig, gce_config
 from infra.providers.gce.firewall import GceFirewall
 from infra.providers.gce.instances import GceInstances
 from infra.providers.gce.pricing import GcePricing
 from infra.providers.gce.project import GceProject
 from infra.state import ClusterState
+from infra.storage.config import NodeIdentity
 
 if TYPE_CHECKING:
     from infra.transport import Transport
@@ -38,6 +39,8 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     config_section = GceConfig
     # An external IP goes back to Google's pool on stop or delete.
     ephemeral_addresses = True
+    # The service account of gce.service_account, from the metadata server.
+    nodes_have_identity = True
 
     def __init__(self, config: ClusterConfig, state: ClusterState) -> None:
         super().__init__(config, state)
@@ -108,6 +111,21 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
         # A guest shutdown leaves the instance TERMINATED: disks kept, no
         # compute billed, and the node needs no credentials to do it.
         return None
+
+    def bucket_identity(self) -> NodeIdentity:
+        """The nodes' service account; refused when gce.scopes keep its
+        tokens from writing objects."""
+        gce = self.gce
+        if not identity.can_write_storage(gce.scopes):
+            raise ConfigError(
+                f"{self.config.source}: gce.scopes: {', '.join(gce.scopes)} cannot write to "
+                "the cluster's bucket (storage.bucket); add storage-rw (or cloud-platform)"
+            )
+        if gce.service_account != "default":
+            return NodeIdentity(gce.service_account, self.api.project)
+        with self._api_errors("reading the project's default service account"):
+            email = self._default_service_account()
+        return NodeIdentity(email, self.api.project, default_account=True)
 
     def task_env(self) -> dict[str, str]:
         # A node billed for GPUs must train on them: the trainer refuses to

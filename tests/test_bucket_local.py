@@ -1,0 +1,341 @@
+"""A local cluster whose runs land in a bucket (the fake Cloud Storage on
+this machine), through deploy.py: `up` checks the bucket before it creates
+anything; a real training's chief node uploads its run folder (a 503 on
+the way is survived); `runs` lists it; after `down --yes`, `fetch` brings
+it home from the bucket; a program sees TFCLUSTER_BUCKET_URL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from deploy import cli
+from tests.fake_gcs.server import OBJECT_ADMIN, FakeGcs, service_account_key
+from tests.procs import none_left_in
+
+REPO = Path(__file__).resolve().parents[1]
+STAND_IN = REPO / "tests" / "programs" / "stand_in.py"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGcs]:
+    with FakeGcs() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+def write_config(folder: Path, fake: FakeGcs, **extra: Any) -> Path:
+    config = {
+        "name": "bkt",
+        "provider": "local",
+        "nodes": ["pc-1", "pc-2"],
+        "roles": {"ps": "pc-1", "chief": "pc-1", "worker": "pc-2"},
+        "job": {"mode": "async", "steps": 20, "checkpoint_every": 10, "batch_size": 32},
+        "storage": {"bucket": "gs://tfc-runs/team", "endpoint": fake.endpoint,
+                    "credentials": "anonymous"},
+        **extra,
+    }  # fmt: skip
+    path = folder / "cluster.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run(config: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--config", str(config), *args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_up_refuses_a_missing_bucket_before_creating_anything(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, fake)
+    code, out = run(config, "up")
+    assert code == 2, out
+    assert "bucket tfc-runs does not exist" in out and "gcloud storage buckets create" in out
+    code, out = run(config, "status", "--json")
+    assert [n["state"] for n in json.loads(out)] == ["absent", "absent"]
+
+
+def test_up_refuses_a_bucket_it_may_not_write(fake: FakeGcs, tmp_path: Path) -> None:
+    fake.create_bucket("tfc-runs", permissions={"storage.objects.get", "storage.objects.list"})
+    code, out = run(write_config(tmp_path, fake), "up")
+    assert code == 2, out
+    assert "anonymous (no credentials) may not write runs there" in out
+    assert "roles/storage.objectAdmin on that bucket" in out
+    assert "storage.objects.create" in out
+
+
+def test_a_training_lands_in_the_bucket_and_comes_home_after_down(
+    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MNIST_DIR", str(mnist_dir))
+    fake.create_bucket("tfc-runs")
+    config = write_config(tmp_path, fake)
+    code, out = run(config, "up")
+    assert code == 0, out
+    # The first multipart upload (a checkpoint or the run's record) fails
+    # with a 503 once: the client sends it again.
+    fake.fail(503, upload="multipart")
+    code, out = run(config, "train")
+    assert code == 0, out
+    assert fake.failures_left() == 0
+    [run_id] = [p.name for p in (Path("runs") / "bkt").iterdir()]
+    prefix = f"team/bkt/{run_id}/"
+    names = fake.names("tfc-runs", prefix)
+    assert f"in the bucket: gs://tfc-runs/{prefix}" in out
+    for wanted in ("summary.json", "metrics.jsonl", "checkpoints/checkpoint", "tfcluster-run.json"):
+        assert prefix + wanted in names, names
+    assert any(n.startswith(prefix + "checkpoints/ckpt-") and n.endswith(".index") for n in names)
+    record = json.loads(fake.read("tfc-runs", prefix + "tfcluster-run.json"))
+    assert record["status"] == "done" and record["label"] == "cnn, async"
+
+    code, out = run(config, "runs", "--json")
+    assert code == 0, out
+    [listed] = json.loads(out)
+    assert (listed["run_id"], listed["status"]) == (run_id, "done") and listed["size"] > 0
+
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    shutil.rmtree(Path("runs"))
+    code, out = run(config, "fetch")
+    assert code == 0, out
+    assert f"fetched {run_id} from gs://tfc-runs/{prefix[:-1]}" in out
+    summary = json.loads((Path("runs") / "bkt" / run_id / "summary.json").read_text())
+    assert summary["steps"] == 20
+
+    # A new cluster on a machine that knows no earlier job (its state
+    # folder gone): --resume finds the last training in the bucket and
+    # its chief restores the checkpoint from there.
+    shutil.rmtree(os.environ["TFCLUSTER_HOME"])
+    code, out = run(config, "up")
+    assert code == 0, out
+    code, out = run(config, "train", "--resume", "--steps", "30", "--dest", str(tmp_path / "r"))
+    assert code == 0, out
+    resumed = json.loads((tmp_path / "r" / run_id / "summary.json").read_text())
+    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 30
+
+
+def test_a_program_sees_its_bucket_folder(
+    fake: FakeGcs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    code, out = run(config, "run", "--no-ps", "--", "python", "stand_in.py")
+    assert code == 0, out
+    [run_dir] = list((Path("runs") / "bkt").iterdir())
+    seen = json.loads((run_dir / "chief-0.json").read_text())
+    assert seen["bucket_url"] == f"gs://tfc-runs/team/bkt/{run_dir.name}"
+    assert f"team/bkt/{run_dir.name}/chief-0.json" in fake.names("tfc-runs")
+    none_left_in(work)
+
+
+@pytest.mark.parametrize(
+    "run_arg", ["a/b", "gs://tfc-runs/team/../x", "gs://", "gs://UPPER/x"]
+)
+def test_fetch_refuses_bad_names(fake: FakeGcs, tmp_path: Path, run_arg: str) -> None:
+    fake.create_bucket("tfc-runs")
+    code, out = run(write_config(tmp_path, fake), "fetch", run_arg)
+    assert code == 2, out
+    assert [line for line in out.splitlines() if line.startswith("error:")]
+    assert not Path("runs").exists()
+
+
+def test_fetch_refuses_objects_that_leave_the_run_folder(fake: FakeGcs, tmp_path: Path) -> None:
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "team/bkt/r1/summary.json", b"{}")
+    fake.put("tfc-runs", "team/bkt/r1/../../evil", b"x")
+    fake.put("tfc-runs", "team/bkt/r1//etc/passwd", b"x")
+    code, out = run(write_config(tmp_path, fake), "fetch", "r1", "--dest", str(tmp_path / "d"))
+    assert code == 7, out
+    assert "leaves the run folder; nothing was fetched" in out
+    assert not (tmp_path / "d").exists() and not (tmp_path / "evil").exists()
+
+
+def test_each_sweep_trial_lands_in_the_bucket(fake: FakeGcs, tmp_path: Path) -> None:
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "trial.py").write_text(
+        "import os, pathlib, sys\n"
+        "out = pathlib.Path(os.environ['TFCLUSTER_RUN_DIR']) / 'out.txt'\n"
+        "out.write_text(sys.argv[1] + ' ' + os.environ['TFCLUSTER_BUCKET_URL'])\n"
+    )
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    code, out = run(config, "sweep", "--param", "x=1,2", "--", "python", "trial.py", "{x}")
+    assert code == 0, out
+    [sweep_dir] = list((Path("runs") / "bkt").iterdir())
+    prefix = f"team/bkt/{sweep_dir.name}/"
+    for trial, x in (("trial-0", "1"), ("trial-1", "2")):
+        text = fake.read("tfc-runs", f"{prefix}{trial}/out.txt").decode()
+        assert text == f"{x} gs://tfc-runs/{prefix}{trial}"
+        record = json.loads(fake.read("tfc-runs", f"{prefix}{trial}/tfcluster-run.json"))
+        assert record["status"] == "done"
+    none_left_in(work)
+
+
+def test_report_and_tensorboard_of_a_run_in_the_bucket(fake: FakeGcs, tmp_path: Path) -> None:
+    from infra.cluster import Cluster
+    from infra.config import load_config
+
+    fake.create_bucket("tfc-runs")
+    summary = {"run_id": "r1", "model": "cnn", "mode": "async", "workers": 2, "steps": 20,
+               "training_seconds": 3.0, "examples_per_sec": 200.0, "test_accuracy": 0.5}  # fmt: skip
+    fake.put("tfc-runs", "team/bkt/r1/summary.json", json.dumps(summary).encode())
+    fake.put("tfc-runs", "team/bkt/r1/tensorboard/events.out.tfevents.1", b"")
+    config = write_config(tmp_path, fake)
+    code, out = run(config, "report", "gs://tfc-runs/team/bkt/r1", "--json")
+    assert code == 0, out
+    [row] = json.loads(out)
+    assert (row["run"], row["metric"], row["value"]) == ("r1", "test_accuracy", 0.5)
+    code, out = run(config, "report", "r1", "--json")  # a run id, no such folder here
+    assert code == 0, out
+
+    import urllib.request
+
+    cluster = Cluster(load_config(config))
+    with cluster.tensorboard("gs://tfc-runs/team/bkt/r1") as (board, _wait):
+        with urllib.request.urlopen(board.url, timeout=30) as answer:
+            assert answer.status == 200
+        assert board.logdir.endswith("r1")
+
+
+def test_the_trainer_reads_mnist_from_the_bucket_checked_by_its_sums(
+    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MNIST_DIR", raising=False)
+    fake.create_bucket("tfc-runs")
+    for file in sorted(mnist_dir.iterdir()):
+        fake.put("tfc-runs", f"data/mnist/{file.name}", file.read_bytes())
+    config = write_config(tmp_path, fake)
+    args = ["train", "--steps", "10", "--data-dir", "gs://tfc-runs/data/mnist"]
+    code, out = run(config, *args)
+    assert code == 0, out
+    caches = list(Path(os.environ["TFCLUSTER_HOME"]).rglob("cache/gcs/tfc-runs/data/mnist"))
+    assert len(caches) == 2  # once per node (pc-1 runs the ps and the chief)
+    assert all((c / "train-images-idx3-ubyte.gz").is_file() for c in caches)
+    downloads = sum(1 for c in fake.calls if "train-images" in c.path and c.method == "GET")
+    assert downloads == 2
+
+    # A file that no longer matches the folder's SHA256SUMS: copied again
+    # (its generation changed), and refused as a local folder would be.
+    fake.put("tfc-runs", "data/mnist/t10k-labels-idx1-ubyte.gz", b"not the labels")
+    code, out = run(config, *args)
+    assert code != 0, out
+    assert "t10k-labels-idx1-ubyte.gz is corrupted: SHA-256" in out
+
+
+def test_down_stops_a_running_job_and_waits_for_its_upload(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    # A job nobody waits for.
+    code, out = run(config, "run", "--no-ps", "--detach", "--env", "CHIEF_SLEEP=600", "--",
+                    "python", "stand_in.py")  # fmt: skip
+    assert code == 0, out
+    # The bucket answers 503 three times: the last pass takes seconds
+    # (the client's backoff), which `down` must wait out.
+    fake.fail(503, upload="multipart", times=3)
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    assert fake.failures_left() == 0
+    assert "a job is running: stopping it, then waiting for its upload" in out
+    assert "waiting for 1 upload(s) to the bucket to finish" in out
+    # What the chief had written is in the bucket once `down` returns.
+    [record] = [n for n in fake.names("tfc-runs") if n.endswith("/tfcluster-run.json")]
+    folder = record.rsplit("/", 1)[0]
+    assert f"{folder}/chief-0.json" in fake.names("tfc-runs")
+    assert json.loads(fake.read("tfc-runs", record))["status"] == "stopped"
+    none_left_in(work)
+
+
+def test_without_a_bucket_runs_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"name": "plain", "provider": "local"}))
+    code, out = run(config, "runs")
+    assert code == 3, out
+    assert "has no storage section: runs are only on the nodes" in out
+
+
+def test_a_key_file_signs_in_and_is_named_when_it_may_not_write(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    email = "writer@proj.iam.gserviceaccount.com"
+    (tmp_path / "writer.json").write_text(json.dumps(service_account_key(fake, email)))
+    fake.create_bucket("tfc-runs", permissions={"storage.objects.list"})
+    config = write_config(tmp_path, fake)
+    data = yaml.safe_load(config.read_text())
+    data["storage"]["credentials"] = "writer.json"
+    config.write_text(yaml.safe_dump(data))
+    code, out = run(config, "up")
+    assert code == 2, out
+    assert f"{email} may not write runs there" in out
+    assert f"--member=serviceAccount:{email} --role=roles/storage.objectAdmin" in out
+    assert fake.accounts() == {email}
+
+    fake.buckets["tfc-runs"].permissions |= OBJECT_ADMIN
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    data["job"] = {"workdir": str(work)}
+    config.write_text(yaml.safe_dump(data))
+    code, out = run(config, "run", "--no-ps", "--", "python", "stand_in.py")
+    assert code == 0, out
+    assert any(n.endswith("/chief-0.json") for n in fake.names("tfc-runs"))
+    assert fake.accounts() == {email}  # the node's uploader signed in with the key too
+    none_left_in(work)
+
+
+def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    code, out = run(config, "run", "--no-ps", "--detach", "--env", "CHIEF_SLEEP=600", "--",
+                    "python", "stand_in.py")  # fmt: skip
+    assert code == 0, out
+    fake.fail(503, times=100_000)  # the bucket is down from now on
+    down = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "down", "--yes"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    assert down.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "waiting for 1 upload(s)" not in seen and time.monotonic() < deadline:
+        seen += down.stdout.readline()
+    assert "waiting for 1 upload(s)" in seen, seen
+    down.send_signal(signal.SIGINT)
+    rest, _ = down.communicate(timeout=120)
+    assert down.returncode == 0, seen + rest
+    assert "not waiting for the uploads: not in the bucket: gs://tfc-runs/team/bkt/stand-in-" in rest
+    assert "chief-0.json" in rest
+    assert "deleted bkt" in rest
+    none_left_in(work)
