@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.cluster_base import ClusterBase
-from infra.errors import ConfigError, RemoteError, StateError, TfclusterError
+from infra.errors import ConfigError, RemoteError, StateError, TfclusterError, combine_errors
+from infra.fanout import fan_out
 from infra.job_spec import JobRecord, JobSpec
 from infra.providers.base import Node, NodeState
 from infra.storage import commands as upload_commands
@@ -269,11 +270,17 @@ class ClusterBucket(ClusterBase):
         self, spec: JobSpec, transport: Transport, names: Sequence[str]
     ) -> JobSpec:
         """``spec`` reading its ``--data-dir gs://...`` from each node's
-        cache: every task first copies the folder there once (with the
-        node's credentials; the trainer then checks it against its
-        SHA256SUMS, as any data folder), then runs as it would."""
+        cache. Each node copies the folder there first (once: again only
+        when an object changed), with its own credentials, before any task
+        starts, as a command of its own rather than inside a task: a task
+        may have no network beyond its job's (the local cluster's
+        namespace), and a copy that fails is the launch's one error, not
+        every task's. The trainer then checks the copy against its
+        SHA256SUMS, as any data folder."""
         argv = list(spec.program.argv)
-        if "--data-dir" not in argv[:-1]:
+        # The built-in trainer's flag (it runs from the login's home, where
+        # the cache path leads); a program of the user's reads gs:// itself.
+        if not spec.program.builtin or "--data-dir" not in argv[:-1]:
             return spec
         at = argv.index("--data-dir") + 1
         if not argv[at].startswith("gs://"):
@@ -283,18 +290,26 @@ class ClusterBucket(ClusterBase):
         except ValueError as exc:
             raise ConfigError(f"--data-dir: {exc}") from None
         storage = self.storage or StorageConfig(bucket=f"gs://{url.bucket}")
-        credentials = {self._node_credentials(transport, n) for n in names}.pop()
         root = transport.layout(names[0]).root.rstrip("/")
         cache = "/".join([root, "cache", "gcs", url.bucket, *url.path.split("/")]).rstrip("/")
-        endpoint = storage.api_endpoint()
+
+        def stage(node: str) -> None:
+            script = upload_commands.stage_data(
+                transport.layout(node),
+                url=str(url),
+                dest=cache,
+                endpoint=storage.api_endpoint(),
+                credentials=self._node_credentials(transport, node),
+            )
+            result = transport.run(node, script, timeout=3600)
+            if not result.ok:
+                raise RemoteError(f"{node}: could not copy {url}: {result.tail()}")
+
+        outcome = fan_out(stage, names)
+        if not outcome.ok:
+            raise combine_errors(outcome.errors)
         argv[at] = cache
-        wrapped = (
-            "python", "-m", "infra.storage.uploader",
-            *(["--endpoint", endpoint] if endpoint else []),
-            "--credentials", credentials,
-            "data", "--url", str(url), "--dest", cache, "--", *argv,
-        )  # fmt: skip
-        return replace(spec, program=replace(spec.program, argv=wrapped))
+        return replace(spec, program=replace(spec.program, argv=tuple(argv)))
 
     # -- runs read back ----------------------------------------------------------
 

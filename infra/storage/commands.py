@@ -110,6 +110,28 @@ def restore(
     )
 
 
+def stage_data(
+    layout: NodeLayout, *, url: str, dest: str, endpoint: str | None, credentials: str
+) -> str:
+    """The data folder at ``url`` into ``dest`` (a layout path, the node's
+    cache) unless it is there already, unchanged (the uploader's ``data``
+    keeps the generations it copied, and holds a lock while it copies)."""
+    argv = [
+        "python", "-m", "infra.storage.uploader",
+        *(["--endpoint", endpoint] if endpoint else []),
+        "--credentials", credentials,
+        "data", "--url", url, "--dest",
+    ]  # fmt: skip
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f'export PATH={path(layout.bin)}:"$PATH"',
+            f"PYTHONPATH={path(layout.code)} {' '.join(shlex.quote(a) for a in argv)} "
+            f"{path(dest)}",
+        ]
+    )
+
+
 def parse_restored(stdout: str) -> int | None:
     """How many files ``restore`` brought; None when it did not say."""
     for line in stdout.splitlines():

@@ -24,9 +24,9 @@ state is ``--status`` (JSON, written atomically), which ``down``,
 ``stop`` and the job's end read: uploaded, pending, failed, done.
 
 ``restore`` brings a run folder's checkpoints from the bucket to the node
-(``train --resume`` on a new cluster); ``data ... -- COMMAND`` copies a
-data folder of the bucket into the node's cache once, then becomes
-COMMAND (``train --data-dir gs://...``). Imports only the standard
+(``train --resume`` on a new cluster); ``data`` copies a data folder of
+the bucket into the node's cache once, before the job's tasks start
+(``train --data-dir gs://...``). Imports only the standard
 library, google-cloud-storage and this package's node-safe modules.
 """
 
@@ -298,11 +298,11 @@ def run_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_data(args: argparse.Namespace, then: Sequence[str]) -> int:
+def run_data(args: argparse.Namespace) -> int:
     """A data folder of the bucket into the node's cache, once (again
     only when an object changed: the generations of what was copied are
-    kept beside it), then ``then`` in this process's place. Tasks on one
-    node take turns (a lock): one copies, the others find it there."""
+    kept beside it). Two copies on one node take turns (a lock): one
+    copies, the other finds it there."""
     url = parse_gs_url(args.url)
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -327,8 +327,6 @@ def run_data(args: argparse.Namespace, then: Sequence[str]) -> int:
             transfer.download_folder(client, url, dest)
             write_json(marker, wanted)
             print(f"copied {len(objects)} file(s) of {url} to {dest}", flush=True)
-    if then:
-        os.execvp(then[0], list(then))
     return 0
 
 
@@ -348,23 +346,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     restore = sub.add_parser("restore")
     restore.add_argument("--url", required=True)
     restore.add_argument("--dest", required=True)
-    data = sub.add_parser("data", help="a data folder into the cache, then `-- COMMAND...`")
+    data = sub.add_parser("data", help="a data folder of the bucket into the node's cache")
     data.add_argument("--url", required=True)
     data.add_argument("--dest", required=True)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    then: list[str] = []
-    if "--" in words:
-        cut = words.index("--")
-        words, then = words[:cut], words[cut + 1 :]
-    args = parse_args(words)
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command == "upload":
         return run_upload(args)
     if args.command == "data":
-        return run_data(args, then)
+        return run_data(args)
     return run_restore(args)
 
 
