@@ -77,9 +77,15 @@ class ClusterJobs(ClusterBase):
         mode = catalog.mode(values["mode"])
         roles = self.config.roles
         if mode.needs_ps and not roles.ps:
-            raise StateError(f"{mode.name} mode needs a ps node: add roles.ps or use --mode sync")
+            raise ConfigError(
+                f"{self.config.source}: roles: {mode.name} mode needs a ps node; "
+                "add roles.ps, or train with --mode sync (job.mode: sync)"
+            )
         if mode.needs_workers and not roles.worker:
-            raise StateError(f"{mode.name} mode needs worker nodes: add roles.worker")
+            raise ConfigError(
+                f"{self.config.source}: roles: {mode.name} mode needs worker nodes; "
+                "add roles.worker, or train with --mode single"
+            )
         run_id = new_run_id(f"{values['model']}-{values['mode']}")
         if resume:
             last = self.last_job()
