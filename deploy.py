@@ -32,6 +32,7 @@ from tfcluster_cli.options import (
     env_option,
     env_pairs_option,
     job_option,
+    raw_option,
     recover_option,
     workdir_option,
 )
@@ -253,6 +254,7 @@ Examples:
 @detach_option
 @dest_option("Where the chief's TFCLUSTER_RUN_DIR comes home (default runs/<cluster>/<run id>).")
 @recover_option
+@raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
 def run(
@@ -263,6 +265,7 @@ def run(
     detach: bool,
     dest: Path | None,
     no_recover: bool,
+    raw: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run your own TensorFlow program COMMAND as a distributed job.
@@ -282,7 +285,7 @@ def run(
     and `run` exits with the chief's exit code.
     """
     env = env_option(env_pairs)
-    view = TrainView(detach, echo=True)
+    view = TrainView(detach, echo=True, raw=raw)
     result = cluster.run_program(
         command, ps=not no_ps, env=env, workdir=workdir, detach=detach, dest=dest,
         recover=not no_recover, reporter=view,
@@ -299,15 +302,20 @@ def run(
     help="Only this node (repeatable); default every running node.",
 )
 @workdir_option
+@raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
 def exec_(
-    cluster: Cluster, nodes: tuple[str, ...], workdir: Path | None, command: tuple[str, ...]
+    cluster: Cluster,
+    nodes: tuple[str, ...],
+    workdir: Path | None,
+    raw: bool,
+    command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every node (or the --node ones) in the working folder,
     e.g. `exec -- nvidia-smi`, `exec -- pip list`. Output lines are prefixed
     with the node's name; exits 0 only if COMMAND succeeded everywhere."""
-    view = ExecView()
+    view = ExecView(raw)
     folder = cluster.workdir(workdir)
     view.check(cluster.exec(command, list(nodes) or None, workdir=folder, on_line=view.line))
 
@@ -324,7 +332,10 @@ def cancel(cluster: Cluster) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep following until Ctrl-C.")
 @click.option("--lines", "-n", default=50, show_default=True, type=click.IntRange(min=0))
 @click.option(
-    "--raw", is_flag=True, help="The chief's progress events as written (@tfcluster {json})."
+    "--raw",
+    is_flag=True,
+    help="Every line as written: the chief's progress events as JSON (@tfcluster {json}), "
+    "and TensorFlow's load-time log (oneDNN, CPU features, CUDA not found), left out otherwise.",
 )
 @pass_cluster
 def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool) -> None:

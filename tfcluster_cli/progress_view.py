@@ -21,6 +21,7 @@ from infra.job import Job
 from infra.jobrun import JobReporter
 from infra.progress import ProgressEvent, describe, metrics_text, number, parse_line
 from infra.text import node_text
+from infra.tf_noise import is_tf_noise
 from tfcluster_cli import consoles
 from tfcluster_cli.render import cell, params_text
 
@@ -40,10 +41,12 @@ class TrainView(JobReporter):
     """Renders a job's life: the job's line once launched, then the
     chief's events: a live bar on a terminal, lines otherwise."""
 
-    def __init__(self, quiet: bool, *, echo: bool = False) -> None:
+    def __init__(self, quiet: bool, *, echo: bool = False, raw: bool = False) -> None:
         self.quiet = quiet
         # A user's program: every line of the chief's output is shown.
         self.echo = echo
+        # TensorFlow's load-time log too (infra/tf_noise.py).
+        self.raw = raw
         self.progress: Progress | None = None
         self.task_id: Any = None
 
@@ -102,6 +105,8 @@ class TrainView(JobReporter):
         target.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
     def log(self, line: str) -> None:
+        if not self.raw and is_tf_noise(line):
+            return
         if self.echo:
             target = self.progress.console if self.progress else consoles.console
             target.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -201,10 +206,13 @@ class ExecView:
     line at a time, whichever node's thread prints it); then the nodes where
     the command failed, as one error."""
 
-    def __init__(self) -> None:
+    def __init__(self, raw: bool = False) -> None:
         self.lock = threading.Lock()
+        self.raw = raw  # TensorFlow's load-time log too
 
     def line(self, node: str, line: str) -> None:
+        if not self.raw and is_tf_noise(line):
+            return
         with self.lock:
             consoles.console.print(
                 f"{node} | {line}", markup=False, highlight=False, soft_wrap=True
@@ -224,10 +232,13 @@ class ExecView:
 
 
 def log_printer(raw: bool) -> Callable[[str, str, str], None]:
-    """``logs``' line printer: node/task, then the line; the chief's progress
-    events as sentences unless ``raw``."""
+    """``logs``' line printer: node/task, then the line; unless ``raw``, the
+    chief's progress events as sentences and TensorFlow's load-time log
+    left out."""
 
     def show(node: str, task: str, line: str) -> None:
+        if not raw and is_tf_noise(line):
+            return
         event = None if raw else parse_line(line)
         text = line if event is None else describe(event)
         consoles.console.print(Text.assemble((f"{node}/{task}", "cyan"), " ", text), soft_wrap=True)

@@ -4,7 +4,8 @@ Every task records what it was started with (TF_CONFIG, TFCLUSTER_*, the
 working folder, the Python) in $TFCLUSTER_RUN_DIR/<task>.json. A ps or
 worker then listens on its TF_CONFIG port, as a tf.distribute.Server would,
 until it is stopped; the chief prints a line, waits CHIEF_SLEEP seconds and
-exits with CHIEF_CODE. FAIL_TASK=<task> makes that task fail at once.
+exits with CHIEF_CODE. FAIL_TASK=<task> makes that task fail at once;
+PRINT_FILE=<file> has every task print that file first.
 """
 
 import json
@@ -25,9 +26,13 @@ record = {
     "python": sys.executable,
     "argv": sys.argv[1:],
     "env": {k: v for k, v in os.environ.items() if k.startswith("USER_")},
+    "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
 }
 with open(os.path.join(os.environ["TFCLUSTER_RUN_DIR"], f"{task}.json"), "w") as f:
     json.dump(record, f)
+if os.environ.get("PRINT_FILE"):  # as a program that imports TensorFlow prints its load log
+    with open(os.environ["PRINT_FILE"]) as f:
+        print(f.read(), end="", flush=True)
 print(f"{task} started", flush=True)
 
 if os.environ.get("FAIL_TASK") == task:
