@@ -24,6 +24,7 @@ from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, c
 from infra.fanout import in_threads
 from infra.job import Job
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
+from infra.keras_choice import LEGACY_ENV, legacy_keras
 from infra.lifecycle import require_running
 from infra.progress import ProgressEvent, StartupClock
 from infra.providers.base import NodeState
@@ -115,17 +116,33 @@ class ClusterJobs(ClusterBase):
         )
 
     def run_spec(
-        self, argv: Sequence[str], *, ps: bool = True, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        ps: bool = True,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
     ) -> JobSpec:
         """The user's own program: ``argv`` as one process per task (ps,
         workers and the chief of cluster.yaml's roles; no ps with
-        ``ps=False``), in the working folder."""
+        ``ps=False``), in the working folder. Where ``workdir`` is given
+        and the program's main file there is written for ``tf.keras`` as
+        TensorFlow's tutorials write one, it gets Keras 2 as ``tf.keras``
+        (infra/keras_choice.py), and the spec's notes say so."""
         if not argv:
             raise ConfigError("no command to run: put it after --, e.g. -- python train.py")
         variables = {**self.config.job.env, **(env or {})}
         for name in variables:
             if (problem := check_env_name(name)) is not None:
                 raise ConfigError(f"--env: {problem}")
+        notes: tuple[str, ...] = ()
+        legacy = legacy_keras(argv, workdir, variables) if workdir is not None else None
+        if legacy is not None:
+            variables[LEGACY_ENV] = "1"
+            notes = (
+                f"tf.keras is Keras 2 (tf-keras) for this job: {legacy.name} uses tf.keras and "
+                f"imports no keras of its own; --env {LEGACY_ENV}=0 gives it Keras 3",
+            )
         roles = self.config.roles
         task_types = ["chief"]
         if roles.worker:
@@ -135,7 +152,7 @@ class ClusterJobs(ClusterBase):
         program = Program(
             argv=tuple(argv), task_types=tuple(task_types), env=tuple(sorted(variables.items()))
         )
-        return JobSpec(run_id=new_run_id(program_name(argv)), program=program)
+        return JobSpec(run_id=new_run_id(program_name(argv)), program=program, notes=notes)
 
     def job_nodes(self, task_types: Sequence[str]) -> list[str]:
         """The nodes that run a task of these types, in cluster.yaml's order."""

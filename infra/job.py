@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra import commands, facts
+from infra import commands, facts, failure
 from infra.errors import (
     HostKeyChanged,
     Interrupted,
@@ -45,8 +45,6 @@ from infra.transport import CommandResult, Transport
 
 log = logging.getLogger("tfcluster")
 
-# Lines of a failed task's log shown with the error.
-FAILURE_LINES = 15
 # Seconds of one readiness poll: how late a death on another node is seen.
 READY_POLL_S = 5.0
 
@@ -268,7 +266,8 @@ class Job:
                 "; ".join(problems)
                 + (f" (exit code {exit_code})" if exit_code is not None else ""),
                 exit_code=exit_code or 9,
-                hint="`deploy.py logs` shows why the tasks did not come up",
+                hint=failure.strategy_hint(details)
+                or "`deploy.py logs` shows why the tasks did not come up",
                 details=details,
             )
 
@@ -350,7 +349,8 @@ class Job:
         return [t for t in self.tasks if (s := alive.get(t.name)) is not None and s.alive]
 
     def failure_details(self, tasks: Sequence[TaskSpec]) -> list[str]:
-        """The last lines of these tasks' logs, ``node/task | line``."""
+        """What these tasks' logs end with, ``node/task | line``: the last
+        traceback's exception, long values cut (infra/failure.py)."""
         lines: list[str] = []
         changed: HostKeyChanged | None = None
         for task in tasks:
@@ -358,7 +358,7 @@ class Job:
                 result = self.transport.run(
                     task.node,
                     commands.task_log_tail(
-                        self.transport.layout(task.node), task.name, FAILURE_LINES
+                        self.transport.layout(task.node), task.name, failure.READ_LINES
                     ),
                     timeout=30,
                 )
@@ -369,7 +369,7 @@ class Job:
                 continue
             lines += [
                 f"{task.node}/{task.name} | {node_text(line)}"
-                for line in result.stdout.splitlines()
+                for line in failure.condense(result.stdout.splitlines())
             ]
         if changed is not None:
             raise changed

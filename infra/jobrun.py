@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.errors import JobFailed
+from infra.failure import strategy_hint
 from infra.job import Job
 from infra.job_spec import JobSpec
 from infra.progress import ProgressEvent
@@ -90,7 +91,7 @@ class JobResult:
         raise JobFailed(
             why + (f" (results so far in {self.destination})" if self.destination.exists() else ""),
             exit_code=code,
-            hint="`deploy.py logs` shows every task's log",
+            hint=strategy_hint(self.job.failure) or "`deploy.py logs` shows every task's log",
             details=self.job.failure,
         )
 

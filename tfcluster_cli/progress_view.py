@@ -57,6 +57,8 @@ class TrainView(JobReporter):
             markup=False,
             soft_wrap=True,
         )
+        for note in job.spec.notes:
+            consoles.console.print(note, style="yellow", markup=False, soft_wrap=True)
 
     def following(self) -> TrainView:
         return self
