@@ -22,6 +22,7 @@ import click
 
 from infra.cluster import Cluster
 from infra.config import ClusterConfig, default_config, load_config
+from infra.errors import Interrupted
 from tfcluster_cli import render
 from tfcluster_cli.consoles import console, setup_logging
 from tfcluster_cli.group import TfclusterGroup
@@ -353,26 +354,29 @@ def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
-    default=6006,
-    show_default=True,
-    help="The local port of the tunnel (taken or 0: any free one).",
+    help="The port here (default 6006, or any free one when it is taken); "
+    "a port given and taken is refused; 0: any free one.",
 )
 @pass_cluster
-def tensorboard(cluster: Cluster, run_id: str | None, port: int) -> None:
+def tensorboard(cluster: Cluster, run_id: str | None, port: int | None) -> None:
     """TensorBoard on a job's run folder (default: the last job's), also
     while it trains: it runs on the chief's node, reached through an SSH
     tunnel to a port here (local cluster: directly). The URL is printed;
-    Ctrl-C closes it and stops it on the node."""
+    Ctrl-C closes it and stops it on the node (exit 130)."""
     # A closed terminal stops it too: nothing else would (a job, by
     # contrast, is recorded, and goes on for `logs` and `fetch`).
     interrupted_by(signal.SIGHUP)
     starting = render.print_tensorboard_starting
-    with cluster.tensorboard(run_id, local_port=port, on_starting=starting) as (board, wait):
+    with cluster.tensorboard(
+        run_id, local_port=6006 if port is None else port, exact_port=port is not None,
+        on_starting=starting,
+    ) as (board, wait):  # fmt: skip
         render.print_tensorboard(board)
         try:
             wait()
         except KeyboardInterrupt:
             console.print("closed TensorBoard", markup=False)
+            raise click.exceptions.Exit(Interrupted.exit_code) from None
 
 
 @cli.command()

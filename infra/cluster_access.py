@@ -24,7 +24,7 @@ from infra.job_spec import JobRecord, is_run_id
 from infra.lock import ClusterLock
 from infra.providers.base import Node, NodeState
 from infra.text import node_text
-from infra.transport import Transport
+from infra.transport import Transport, wanted_local_port
 
 if TYPE_CHECKING:
     from infra.tensorboard import Board
@@ -41,6 +41,7 @@ class ClusterAccess(ClusterBase):
         run_id: str | None = None,
         *,
         local_port: int = 0,
+        exact_port: bool = False,
         on_starting: Callable[[str], None] = lambda node: None,
     ) -> Iterator[tuple[Board, Callable[[], None]]]:
         """TensorBoard on the run folder of ``run_id`` (default: the last
@@ -49,8 +50,11 @@ class ClusterAccess(ClusterBase):
         that returns only when TensorBoard has ended (RemoteError) or on
         Ctrl-C (KeyboardInterrupt). Stopped on the node at the end.
         ``on_starting(node)`` once the run and node are checked, before
-        TensorBoard's start (which takes a while)."""
+        TensorBoard's start (which takes a while). ``local_port`` taken:
+        any free one, unless ``exact_port`` (then a ConfigError, before
+        anything starts)."""
 
+        local_port = wanted_local_port(local_port, exact=exact_port)
         record = self.last_job()
         if run_id is None and record is None:
             raise StateError(

@@ -32,6 +32,7 @@ class LocalTransport(Transport):
     """Runs commands with bash on this machine, in each node's folder."""
 
     copies_files = False
+    ports_are_here = True
 
     def __init__(self, nodes: Sequence[str], homes: Path) -> None:
         super().__init__(nodes)
