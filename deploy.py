@@ -330,7 +330,9 @@ def cancel(cluster: Cluster) -> None:
 
 @cli.command()
 @click.argument("node", required=False)
-@click.option("--follow", "-f", is_flag=True, help="Keep following until Ctrl-C.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep following while the last job runs (or until Ctrl-C)."
+)
 @click.option("--lines", "-n", default=50, show_default=True, type=click.IntRange(min=0))
 @click.option(
     "--raw",
@@ -342,11 +344,11 @@ def cancel(cluster: Cluster) -> None:
 def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool) -> None:
     """Task logs of every node (or one), each line prefixed with node/task.
     The chief's progress events are shown as sentences (`--raw`: as JSON).
-    Before any job, or with no node running: one line saying so, exit 3."""
-    try:
-        cluster.logs(node, lines=lines, follow=follow, on_line=log_printer(raw))
-    except KeyboardInterrupt:
-        return
+    --follow ends when the job does, saying so. Before any job, or with no
+    node running: one line saying so, exit 3."""
+    end = cluster.logs(node, lines=lines, follow=follow, on_line=log_printer(raw))
+    if end is not None:
+        render.print_job_end(end)
 
 
 @cli.command()

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from infra import autostop, commands, facts
 from infra.cluster_access import ClusterAccess
 from infra.cluster_base import locked
-from infra.cluster_jobs import ClusterJobs
 from infra.errors import ConfigError, CredentialsError, StateError, TfclusterError
 from infra.jobrun import JobReporter, JobResult, run_job
 from infra.lifecycle import (
@@ -74,7 +73,7 @@ class NodeView:
         return out
 
 
-class Cluster(ClusterJobs, ClusterAccess):
+class Cluster(ClusterAccess):
     """One cluster of cluster.yaml: its nodes (here), its jobs
     (``ClusterJobs``), its logs, TensorBoard and shells (``ClusterAccess``)."""
 

@@ -2,8 +2,9 @@
 followed), TensorBoard on the chief's run folder, a login shell on one
 node, forgetting a node's pinned host key.
 
-A mixin of ``Cluster`` (infra/cluster.py): nothing here changes the nodes
-or a job, so none of it holds the cluster's lock.
+A layer of ``Cluster`` (infra/cluster.py), on its jobs' (infra/cluster_jobs.py:
+`logs --follow` follows the running job to its end). Nothing here changes the
+nodes, and only the end of a job whose chief has ended takes the cluster's lock.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import commands, facts
-from infra.cluster_base import ClusterBase
+from infra.cluster_jobs import ClusterJobs
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
 from infra.job_spec import JobRecord, is_run_id
@@ -31,8 +33,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tfcluster")
 
+# How often `logs --follow` asks whether the followed job's chief still runs.
+CHIEF_POLL_S = 2.0
 
-class ClusterAccess(ClusterBase):
+
+class ClusterAccess(ClusterJobs):
     # -- tensorboard ----------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -131,11 +136,14 @@ class ClusterAccess(ClusterBase):
         lines: int,
         follow: bool,
         on_line: Callable[[str, str, str], None],
-    ) -> None:
+    ) -> JobEnd | None:
         """Task logs of the running nodes; ``on_line(node, task, line)``.
         Not silence where there is nothing to show: a StateError (one
         line) when no node runs, and when no task log exists and no job
-        has run (a fresh cluster)."""
+        has run (a fresh cluster). With ``follow``, the logs are followed
+        while the last job runs, and its end (``JobEnd``) returned: at
+        once when it had ended already, else when its chief ends (what a
+        --detach job left running is then stopped, as a job's end does)."""
         nodes = self.log_nodes(node)
         if not nodes and self.last_job() is not None:
             raise StateError(
@@ -149,9 +157,11 @@ class ClusterAccess(ClusterBase):
             shown += 1
             on_line(node_name, task, line)
 
+        record = self.last_job()
+        running = self.running_job() if follow and record is not None else None
         if nodes:
             with self.provider.transport(nodes) as transport:
-                if not follow:
+                if running is None:
                     for n in nodes:
                         result = transport.run(
                             n.name, commands.tail_logs(transport.layout(n.name), lines, False)
@@ -159,12 +169,50 @@ class ClusterAccess(ClusterBase):
                         for task, line in facts.parse_tail(result.stdout):
                             counted(n.name, task, line)
                 else:
-                    _follow_all(transport, [n.name for n in nodes], lines, counted)
-        if not shown and self.last_job() is None:
+                    until = {n.name: [t.name for t in running.task_specs() if t.node == n.name]
+                             for n in nodes}  # fmt: skip
+                    with self._finish_when_chief_ends(running):
+                        _follow_all(transport, [n.name for n in nodes], lines, counted, until)
+        if not shown and record is None:
             raise StateError(
                 f"no job has run on {self.config.name} yet: no logs to show; "
                 "`deploy.py train` or `deploy.py run` starts one"
             )
+        if not follow or record is None:
+            return None
+        return self._job_end(record.run_id, was_running=running is not None)
+
+    @contextlib.contextmanager
+    def _finish_when_chief_ends(self, record: JobRecord) -> Iterator[None]:
+        """While the ``with`` lasts, watch the job's chief; once it has
+        ended, what of the job still runs (a --detach job's ps and workers:
+        nobody else stops them) is stopped and its exit code recorded,
+        under the cluster's lock, as the launch of a next job would."""
+        done = threading.Event()
+
+        def watch() -> None:
+            job = self.attach(record, require=False)
+            while job is not None and not done.wait(CHIEF_POLL_S):
+                with contextlib.suppress(RemoteError):
+                    chief = job.status().get(job.chief.name)
+                    if chief is not None and chief.alive:
+                        continue
+                    with contextlib.suppress(StateError), self.lock("logs"):
+                        self.running_job(finish=True)
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _job_end(self, run_id: str, *, was_running: bool) -> JobEnd:
+        """How the last job ended (its recorded exit code, None if none)."""
+        record = self.last_job()
+        code = record.exit_code if record is not None and record.run_id == run_id else None
+        return JobEnd(run_id, code, ended_now=was_running)
 
     # -- one node, by hand --------------------------------------------------------
 
@@ -194,6 +242,16 @@ class ClusterAccess(ClusterBase):
 
 
 @dataclass(frozen=True)
+class JobEnd:
+    """The end of the job `logs --follow` followed: its exit code (None
+    where none is recorded yet) and whether it ended while followed."""
+
+    run_id: str
+    exit_code: int | None
+    ended_now: bool
+
+
+@dataclass(frozen=True)
 class NodeShell:
     """What ``Cluster.shell`` did: a shell ran (its exit code), or the node
     is the local ``folder`` (nothing was opened)."""
@@ -208,8 +266,10 @@ def _follow_all(
     nodes: Sequence[str],
     lines: int,
     on_line: Callable[[str, str, str], None],
+    until: Mapping[str, Sequence[str]],
 ) -> None:
-    """Follow every node's logs at once until Ctrl-C. What a thread raises
+    """Follow every node's logs at once while the ``until`` tasks of each
+    node run (or until Ctrl-C). What a thread raises
     is raised here: a changed host key (or a bug) at once; a node lost
     otherwise is warned about while the others go on, and raised once
     none is left."""
@@ -227,7 +287,8 @@ def _follow_all(
                 on_line(node, task, node_text(line))
 
         try:
-            transport.stream(node, commands.tail_logs(transport.layout(node), lines, True), handle)
+            command = commands.tail_logs(transport.layout(node), lines, True, until[node])
+            transport.stream(node, command, handle)
         except BaseException as exc:  # raised in the caller's thread, below
             errors[node] = exc
             if isinstance(exc, RemoteError) and len(nodes) > 1:

@@ -271,15 +271,30 @@ def in_workdir(layout: NodeLayout, workdir: str, argv: Sequence[str]) -> str:
     )
 
 
-def tail_logs(layout: NodeLayout, lines: int, follow: bool) -> str:
-    """Tail every task log of the node; with ``follow`` keep going."""
-    flag = "-F" if follow else ""
+def tail_logs(
+    layout: NodeLayout, lines: int, follow: bool, until: Sequence[str] | None = None
+) -> str:
+    """Tail every task log of the node; with ``follow`` keep going: until
+    Ctrl-C, or with ``until`` (task names) while any of those tasks runs
+    (none: no following at all), so that a job's end ends the follow."""
+    if until is not None and not until:
+        follow = False
+    head = [
+        _PRELUDE,
+        f"cd {path(layout.logs)} 2>/dev/null || exit 0",
+        "ls *.log >/dev/null 2>&1 || exit 0",
+    ]
+    if not follow:
+        return "\n".join([*head, f"tail -v -n {int(lines)} *.log"])
+    if until is None:
+        return "\n".join([*head, f"tail -v -n {int(lines)} -F *.log"])
+    alive = " || ".join(f'[ -n "$(alive_pid {_files(layout, t)[1]})" ]' for t in until)
     return "\n".join(
         [
-            _PRELUDE,
-            f"cd {path(layout.logs)} 2>/dev/null || exit 0",
-            "ls *.log >/dev/null 2>&1 || exit 0",
-            f"tail -v -n {int(lines)} {flag} *.log",
+            *head,
+            # As follow_log's watcher: it also ends with this shell.
+            f"( while {{ {alive}; }} && kill -0 $$ 2>/dev/null; do sleep 0.2; done ) & w=$!",
+            f'tail -v -n {int(lines)} -F -s 0.2 --pid="$w" *.log 2>/dev/null',
         ]
     )
 

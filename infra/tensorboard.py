@@ -74,9 +74,9 @@ class TensorBoardTask:
         deadline = time.monotonic() + timeout
         while True:
             log = self.log()
-            port = facts.tensorboard_port(log)
-            if port is not None:
-                return port
+            said = facts.tensorboard_port(log)
+            if said is not None:
+                return said
             if not self.alive():
                 last = " | ".join(log.strip().splitlines()[-3:]) or "no output"
                 hint = None

@@ -5,6 +5,7 @@ through the command line: TensorFlow's load-time log left out of `run`,
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,3 +53,22 @@ def test_tensorflows_load_log_is_left_out_unless_raw(workdir: Path) -> None:
     assert "cpu_feature_guard" not in out and "absl" not in out, out
     code, out = deploy("logs", "--raw")
     assert code == 0 and out.count("cpu_feature_guard") == 4, out  # ps, 2 workers, chief
+
+
+def test_logs_follow_ends_when_the_job_ends_and_says_so(workdir: Path) -> None:
+    """A --detach job whose ps and workers would serve forever: the follow
+    ends with its chief, and what it left running is stopped (the fixture
+    finds no process left); followed again, it says so at once."""
+    code, out = deploy("run", "--detach", "--workdir", str(workdir), "--env", "CHIEF_SLEEP=4",
+                       "--env", "CHIEF_CODE=3", "--", "python", "stand_in.py")  # fmt: skip
+    assert code == 0, out
+    run_id = out.split("job ", 1)[1].split(":", 1)[0]
+    began = time.monotonic()
+    code, out = deploy("logs", "--follow")
+    assert code == 0, out
+    assert "pc-1/chief-0 chief says goodbye" in out and "pc-3/worker-1 worker-1 started" in out
+    assert out.splitlines()[-1] == f"job {run_id} has ended (exit code 3): nothing more to follow"
+    assert time.monotonic() - began < 120
+    code, out = deploy("logs", "--follow", "--lines", "1")
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"job {run_id} had ended already (exit code 3): nothing more to follow"

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.cluster import Cluster, NodeView
+from infra.cluster_access import JobEnd
 from infra.facts import GpuReport
 from infra.jobrun import JobResult
 from infra.lifecycle import DownPlan, UpPlan
@@ -201,6 +202,15 @@ def print_status(cluster: Cluster, *, all_gpus: bool = False) -> None:
             markup=False,
             soft_wrap=True,
         )
+
+
+def print_job_end(end: JobEnd) -> None:
+    """`logs --follow`'s last line: the followed job has ended (or had)."""
+    code = "no exit code recorded" if end.exit_code is None else f"exit code {end.exit_code}"
+    what = "has ended" if end.ended_now else "had ended already"
+    consoles.console.print(
+        f"job {end.run_id} {what} ({code}): nothing more to follow", markup=False, soft_wrap=True
+    )
 
 
 def cell(text: str, style: str = "") -> Text:
