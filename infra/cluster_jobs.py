@@ -22,7 +22,7 @@ from infra.config import check_env_name
 from infra.destination import check_destination
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
-from infra.job import Job
+from infra.job import Job, Waiting
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
 from infra.keras_choice import LEGACY_ENV, legacy_keras
 from infra.lifecycle import require_running
@@ -207,6 +207,7 @@ class ClusterJobs(ClusterBase):
         workdir: Path | None = None,
         on_event: Callable[[ProgressEvent], None] = lambda e: None,
         on_log: Callable[[str], None] = lambda line: None,
+        on_waiting: Callable[[list[Waiting]], None] = lambda waiting: None,
         sync: bool = True,
     ) -> Job:
         """Refuse if a job is running (leaving it alone), sync the code (and
@@ -244,6 +245,7 @@ class ClusterJobs(ClusterBase):
             workdir=workdir,
             on_event=on_event,
             on_log=on_log,
+            on_waiting=on_waiting,
             clock=clock,
         )
         job.start()

@@ -152,10 +152,16 @@ def _launch(
     ]
 
 
+# The last lines of a task's log that a readiness poll reports.
+OUTPUT_LINES = 20
+
+
 def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> str:
     """Wait until each task listens on its port, at most ``timeout``
     seconds; prints one line per task: ``ready NAME``, ``dead NAME`` (its
-    process ended) or ``timeout NAME``. The tasks are watched together and
+    process ended) or ``timeout NAME``; then, for each task still waited
+    for, ``lines NAME N`` (its log's line count) and its last complete
+    lines, each as ``@log NAME LINE``. The tasks are watched together and
     the wait ends at the first death: a job with a dead task will not start,
     so waiting for the others only delays the error."""
     names = sorted(tasks)
@@ -178,6 +184,17 @@ def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> 
         "done",
     ]
     lines += [f'echo "$s{i} {task}"' for i, task in enumerate(names)]
+    # What a task still waited for has written: its line count and its last
+    # complete lines (a line still being written is left for the next poll),
+    # for a live line of it and its output as it comes (facts.parse_output).
+    for i, task in enumerate(names):
+        log, _, _ = _files(layout, task)
+        lines.append(
+            f'if [ "$s{i}" = timeout ]; then n=$(wc -l < {log} 2>/dev/null || echo 0); '
+            f'echo "lines {task} $n"; f=$((n > {OUTPUT_LINES} ? n - {OUTPUT_LINES - 1} : 1)); '
+            f"tail -n +$f {log} 2>/dev/null | head -n $((n - f + 1)) | "
+            f"sed 's/^/@log {task} /'; fi"
+        )
     return "\n".join(lines)
 
 

@@ -18,17 +18,19 @@ it was.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from infra import commands, facts, failure
 from infra.errors import (
+    ConfigError,
     HostKeyChanged,
     Interrupted,
     JobFailed,
@@ -45,8 +47,47 @@ from infra.transport import CommandResult, Transport
 
 log = logging.getLogger("tfcluster")
 
-# Seconds of one readiness poll: how late a death on another node is seen.
-READY_POLL_S = 5.0
+# Seconds of one readiness poll: how late a death on another node is seen,
+# and how often a task still waited for has its output reported.
+READY_POLL_S = 2.0
+# How long the tasks have to listen on their ports: TFCLUSTER_READY_WAIT.
+READY_WAIT_ENV = "TFCLUSTER_READY_WAIT"
+DEFAULT_READY_WAIT_S = 240.0
+
+
+def ready_wait() -> float:
+    """Seconds a job's tasks have to listen: TFCLUSTER_READY_WAIT, else 240."""
+    text = os.environ.get(READY_WAIT_ENV)
+    if not text:
+        return DEFAULT_READY_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6:
+        raise ConfigError(
+            f"{READY_WAIT_ENV}={text[:60]!r}: not a number of seconds; "
+            f"set e.g. {READY_WAIT_ENV}=600"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A task that does not listen on its port yet, as a readiness poll
+    saw it: its last lines of output (node text) and how many of them are
+    new since the poll before."""
+
+    task: str
+    node: str
+    port: int
+    seconds: float  # since the wait began
+    lines: tuple[str, ...] = ()
+    new: int = 0
+
+    @property
+    def new_lines(self) -> tuple[str, ...]:
+        return self.lines[len(self.lines) - self.new :] if self.new else ()
 
 
 class Job:
@@ -62,7 +103,8 @@ class Job:
         workdir: Path | None = None,
         on_event: Callable[[ProgressEvent], None] = lambda e: None,
         on_log: Callable[[str], None] = lambda line: None,
-        ready_timeout: float = 240.0,
+        on_waiting: Callable[[list[Waiting]], None] = lambda waiting: None,
+        ready_timeout: float | None = None,
         clock: StartupClock | None = None,
     ) -> None:
         self.transport = transport
@@ -74,7 +116,10 @@ class Job:
         self.workdir = workdir
         self.on_event = on_event
         self.on_log = on_log
-        self.ready_timeout = ready_timeout
+        # The tasks not listening yet, after each readiness poll (then [],
+        # once none is waited for): a front end's live line per task.
+        self.on_waiting = on_waiting
+        self.ready_timeout = ready_wait() if ready_timeout is None else ready_timeout
         chiefs = [t for t in self.tasks if t.type == "chief"]
         if len(chiefs) != 1:
             raise StateError("a job needs exactly one chief task")
@@ -219,9 +264,28 @@ class Job:
         wait everywhere at once instead of after the whole timeout."""
         if not tasks:
             return
-        deadline = time.monotonic() + self.ready_timeout
+        began = time.monotonic()
+        deadline = began + self.ready_timeout
         pending = list(tasks)
         states: dict[str, str] = {}
+        shown: dict[str, int] = {}  # each task's lines of output reported so far
+        try:
+            self._poll_ready(tasks, pending, states, shown, began, deadline)
+        finally:
+            self.on_waiting([])
+        self._check_ready(tasks, states)
+
+    def _poll_ready(
+        self,
+        tasks: Sequence[TaskSpec],
+        pending: list[TaskSpec],
+        states: dict[str, str],
+        shown: dict[str, int],
+        began: float,
+        deadline: float,
+    ) -> None:
+        """Poll until every task listens, one dies, or the deadline; after
+        each poll, the tasks still waited for and their output so far."""
         while pending:
             by_node: dict[str, dict[str, int]] = defaultdict(dict)
             for task in pending:
@@ -236,13 +300,33 @@ class Job:
             except RemoteError:
                 self.stop(self.started)
                 raise
+            output: dict[str, tuple[int, list[str]]] = {}
             for result in results.values():
                 states.update(facts.parse_readiness(result.stdout))
-            pending = [t for t in pending if states.get(t.name) == "timeout"]
+                output.update(facts.parse_output(result.stdout))
+            pending[:] = [t for t in pending if states.get(t.name) == "timeout"]
             if any(states.get(t.name) not in ("ready", "timeout") for t in tasks):
                 break  # dead (or unreadable): the job cannot start
+            self.on_waiting([self._waiting(t, output, shown, began) for t in pending])
             if time.monotonic() >= deadline:
                 break
+
+    @staticmethod
+    def _waiting(
+        task: TaskSpec,
+        output: Mapping[str, tuple[int, list[str]]],
+        shown: dict[str, int],
+        began: float,
+    ) -> Waiting:
+        count, lines = output.get(task.name, (shown.get(task.name, 0), []))
+        new = min(max(count - shown.get(task.name, 0), 0), len(lines))
+        shown[task.name] = count
+        return Waiting(task.name, task.node, task.port, time.monotonic() - began,
+                       tuple(lines), new)  # fmt: skip
+
+    def _check_ready(self, tasks: Sequence[TaskSpec], states: Mapping[str, str]) -> None:
+        """Raise JobFailed (after stopping what this job started) unless
+        every task listens: the dead ones blamed, or those that did not."""
         problems: list[str] = []
         dead: list[TaskSpec] = []
         for task in sorted(tasks, key=lambda t: (t.node, t.name)):
@@ -255,9 +339,12 @@ class Job:
             if state != "ready" and (state == "dead" or not dead):
                 problems.append(f"{task.name} on {task.node} {self._why(state)}")
         if problems:
+            # The dead tasks' logs, or (none died) those of the tasks that
+            # did not come up: a hang at start says where it hangs.
+            blamed = dead or [t for t in tasks if states.get(t.name) != "ready"]
             try:
                 codes = self.status()
-                details = self.failure_details(dead)
+                details = self.failure_details(blamed)
             finally:  # a changed host key (raised) must not leave tasks running
                 self.stop(self.started)
             exits = [s.exit_code for t in dead if (s := codes.get(t.name)) and s.exit_code]

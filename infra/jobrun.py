@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.errors import JobFailed
 from infra.failure import strategy_hint
-from infra.job import Job
+from infra.job import Job, Waiting
 from infra.job_spec import JobSpec
 from infra.progress import ProgressEvent
 
@@ -50,6 +50,11 @@ class JobReporter:
 
     def log(self, line: str) -> None:
         """A line of the chief's output that is not a progress event."""
+
+    def waiting(self, tasks: list[Waiting]) -> None:
+        """While the job starts, after each readiness poll: the tasks that
+        do not listen on their ports yet, with their output so far ([]
+        once none is waited for)."""
 
     def note(self, line: str) -> None:
         """A line of tfcluster's own while the job runs (a recovery)."""
@@ -114,7 +119,10 @@ def run_job(
     failed job is a result, not an error: ``JobResult.check`` raises it."""
     reporter = reporter or JobReporter()
     destination = cluster.local_run_dir(spec.run_id, dest)
-    job = cluster.launch(spec, workdir=workdir, on_event=reporter.event, on_log=reporter.log)
+    job = cluster.launch(
+        spec, workdir=workdir, on_event=reporter.event, on_log=reporter.log,
+        on_waiting=reporter.waiting,
+    )  # fmt: skip
     reporter.launched(job)
     if detach:
         return JobResult(spec, job, destination, exit_code=None)

@@ -4,6 +4,7 @@ through the command line: TensorFlow's load-time log left out of `run`,
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -72,3 +73,62 @@ def test_logs_follow_ends_when_the_job_ends_and_says_so(workdir: Path) -> None:
     code, out = deploy("logs", "--follow", "--lines", "1")
     assert code == 0, out
     assert out.splitlines()[-1] == f"job {run_id} had ended already (exit code 3): nothing more to follow"
+
+
+def test_a_task_that_hangs_before_listening_is_shown_while_it_is_waited_for(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own line as it comes, a line per half minute waited (output not
+    a terminal), then the error with its last lines and exit 9."""
+    monkeypatch.setenv("TFCLUSTER_READY_WAIT", "35")
+    began = time.monotonic()
+    code, out = deploy("run", "--workdir", str(workdir), "--env", "HANG_TASK=worker-1",
+                       "--", "python", "stand_in.py")  # fmt: skip
+    assert code == 9, out
+    assert "pc-3/worker-1 | worker-1 is loading its data" in out
+    waited = re.findall(r"^waiting for (\S+) on (\S+) to listen on port \d+ \((\d+) s\): (.*)$",
+                        out, re.MULTILINE)  # fmt: skip
+    assert len(waited) == 1, out  # the others listened at once
+    assert waited[0][:2] == ("worker-1", "pc-3") and 30 <= int(waited[0][2]) <= 35
+    assert waited[0][3] == "worker-1 is loading its data"
+    assert "error: worker-1 on pc-3 did not listen on its port within 35 s" in out
+    assert "pc-3/worker-1 | worker-1 is loading its data" in out.split("error:")[0].splitlines()[-1]
+    assert time.monotonic() - began < 100
+
+
+def test_on_a_terminal_the_wait_is_a_live_line_per_task(workdir: Path) -> None:
+    """In a pseudo-terminal: the line of the task not listening yet is
+    redrawn with its seconds counting up, its last line of output in it."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    main, child = pty.openpty()
+    env = {**os.environ, "TFCLUSTER_READY_WAIT": "8", "COLUMNS": "200", "TERM": "xterm"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "run", "--workdir", str(workdir),
+         "--env", "HANG_TASK=worker-1", "--", "python", "stand_in.py"],
+        stdin=child, stdout=child, stderr=child, env=env, cwd=workdir,
+    )  # fmt: skip
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child's end closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert proc.wait(timeout=60) == 9
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    seconds = {
+        int(s) for s in re.findall(
+            r"waiting for worker-1 on pc-3 to listen on port \d+ \((\d+) s\): worker-1 is loading its data",
+            text,
+        )
+    }  # fmt: skip
+    assert len(seconds) >= 3 and max(seconds) >= 5, text  # redrawn as the seconds go by
+    assert "did not listen on its port within 8 s" in text

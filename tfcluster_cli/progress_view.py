@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.errors import JobFailed
-from infra.job import Job
+from infra.job import Job, Waiting
 from infra.jobrun import JobReporter
 from infra.progress import ProgressEvent, describe, metrics_text, number, parse_line
 from infra.text import node_text
@@ -43,12 +43,17 @@ class TrainView(JobReporter):
 
     def __init__(self, quiet: bool, *, echo: bool = False, raw: bool = False) -> None:
         self.quiet = quiet
-        # A user's program: every line of the chief's output is shown.
+        # A user's program: every line of the chief's output is shown, and
+        # the other tasks' while they start.
         self.echo = echo
         # TensorFlow's load-time log too (infra/tf_noise.py).
         self.raw = raw
         self.progress: Progress | None = None
         self.task_id: Any = None
+        self.start_view = StartView(echo=echo, raw=raw)
+
+    def waiting(self, tasks: list[Waiting]) -> None:
+        self.start_view.update(tasks)
 
     def launched(self, job: Job) -> None:
         consoles.console.print(
@@ -118,6 +123,66 @@ class TrainView(JobReporter):
             (self.progress.console if self.progress else consoles.err_console).print(
                 f"chief: {line}", style="dim", markup=False, soft_wrap=True
             )
+
+
+class StartView:
+    """While a job's tasks start: a live line per task that does not listen
+    yet (its last line of output, the seconds waited) on a terminal, and
+    elsewhere a line per task every WAITING_EVERY_S seconds; with ``echo``
+    (a user's program) their output as it comes, ``node/task | line``."""
+
+    WAITING_EVERY_S = 30
+
+    def __init__(self, *, echo: bool, raw: bool) -> None:
+        self.echo = echo
+        self.raw = raw
+        self.live: Any = None
+        self.tasks: list[Waiting] = []
+        self.polled = 0.0  # time.monotonic() of the last poll
+        self.last: dict[str, str] = {}  # each task's last line shown so far
+        self.said: dict[str, int] = {}  # the WAITING_EVERY_S steps said, per task
+
+    def update(self, tasks: list[Waiting]) -> None:
+        import time
+
+        self.tasks, self.polled = tasks, time.monotonic()
+        for w in tasks:
+            for line in w.new_lines:
+                if self.raw or not is_tf_noise(line):
+                    self.last[w.task] = line
+                    if self.echo:
+                        self._print(f"{w.node}/{w.task} | {line}")
+        if not consoles.console.is_terminal:
+            for w in tasks:
+                step = int(w.seconds // self.WAITING_EVERY_S)
+                if step > self.said.get(w.task, 0):
+                    self.said[w.task] = step
+                    self._print(self._line(w, w.seconds))
+            return
+        if tasks and self.live is None:
+            from rich.live import Live
+
+            self.live = Live(self, console=consoles.console, refresh_per_second=2, transient=True)
+            self.live.start()
+        elif not tasks and self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def __rich__(self) -> Text:
+        import time
+
+        since = time.monotonic() - self.polled
+        return Text("\n".join(self._line(w, w.seconds + since) for w in self.tasks))
+
+    def _line(self, w: Waiting, seconds: float) -> str:
+        last = self.last.get(w.task)
+        said = f": {last}" if last else ": no output yet"
+        where = f"{w.task} on {w.node} to listen on port {w.port}"
+        return f"waiting for {where} ({seconds:.0f} s){said}"
+
+    def _print(self, text: str) -> None:
+        target = self.live.console if self.live is not None else consoles.console
+        target.print(node_text(text), markup=False, highlight=False, soft_wrap=True)
 
 
 class SweepView:

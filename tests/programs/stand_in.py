@@ -5,7 +5,8 @@ working folder, the Python) in $TFCLUSTER_RUN_DIR/<task>.json. A ps or
 worker then listens on its TF_CONFIG port, as a tf.distribute.Server would,
 until it is stopped; the chief prints a line, waits CHIEF_SLEEP seconds and
 exits with CHIEF_CODE. FAIL_TASK=<task> makes that task fail at once;
-PRINT_FILE=<file> has every task print that file first.
+PRINT_FILE=<file> has every task print that file first; HANG_TASK=<task>
+has that task print a line and never listen.
 """
 
 import json
@@ -38,6 +39,9 @@ print(f"{task} started", flush=True)
 if os.environ.get("FAIL_TASK") == task:
     print(f"{task} fails on purpose", file=sys.stderr, flush=True)
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
+if os.environ.get("HANG_TASK") == task:  # busy before it listens, for ever
+    print(f"{task} is loading its data", flush=True)
+    time.sleep(3600)
 if kind != "chief":
     port = int(config["cluster"][kind][index].rsplit(":", 1)[1])
     server = socket.socket()
