@@ -132,3 +132,14 @@ def test_on_a_terminal_the_wait_is_a_live_line_per_task(workdir: Path) -> None:
     }  # fmt: skip
     assert len(seconds) >= 3 and max(seconds) >= 5, text  # redrawn as the seconds go by
     assert "did not listen on its port within 8 s" in text
+
+
+def test_small_refusals_say_what_is_true() -> None:
+    """`stop` of the local cluster does not call its nodes someone else's;
+    a node name the cluster has not is a bad argument (exit 2)."""
+    assert deploy("up")[0] == 0
+    code, out = deploy("stop")
+    assert code == 3 and "not ours" not in out, out
+    assert "the local cluster's nodes are folders and processes on this machine" in out
+    code, out = deploy("logs", "pc-9")
+    assert code == 2 and out.strip() == "error: pc-9 is not a node of local (pc-1, pc-2, pc-3)"

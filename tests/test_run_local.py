@@ -351,4 +351,4 @@ def test_exec_runs_in_the_working_folder_on_every_node(workdir: Path) -> None:
     assert "error: failed on 1 of 1 node(s): pc-2 exit 3" in out
 
     code, out = deploy("exec", "--workdir", str(workdir), "--node", "pc-9", "--", "true")
-    assert code == 3 and "pc-9 is not a node of local" in out
+    assert code == 2 and "pc-9 is not a node of local" in out
