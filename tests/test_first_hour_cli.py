@@ -143,3 +143,13 @@ def test_small_refusals_say_what_is_true() -> None:
     assert "the local cluster's nodes are folders and processes on this machine" in out
     code, out = deploy("logs", "pc-9")
     assert code == 2 and out.strip() == "error: pc-9 is not a node of local (pc-1, pc-2, pc-3)"
+
+
+def test_hints_name_the_program_as_it_was_typed(tmp_path: Path) -> None:
+    """Typed as `tfcluster`, the commands a line suggests say tfcluster."""
+    runner = CliRunner()
+    result = runner.invoke(cli, ["fetch", "--dest", str(tmp_path)], prog_name="tfcluster")
+    assert result.exit_code == 3 and "run `tfcluster train` or `tfcluster run` first" in result.output
+    assert "deploy.py" not in result.output
+    result = runner.invoke(cli, ["fetch", "--dest", str(tmp_path)], prog_name="deploy.py")
+    assert "run `deploy.py train` or `deploy.py run` first" in result.output

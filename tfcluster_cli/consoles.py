@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import click
 from rich.console import Console, ConsoleDimensions
 from rich.logging import RichHandler
 
@@ -46,6 +47,16 @@ err_console = _Console(stderr=True, highlight=False, emoji=False)
 log_console = Console(stderr=True, highlight=False, emoji=False)
 
 
+def as_invoked(text: str) -> str:
+    """``text`` with the commands it suggests (`` `deploy.py logs` ``) named
+    as the user typed the program: `` `tfcluster logs` `` when run as
+    ``tfcluster`` (the library's messages say ``deploy.py``)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.find_root().info_name != "tfcluster":
+        return text  # deploy.py (or click's `cli` in tests): as written
+    return text.replace("`deploy.py ", "`tfcluster ").replace("`deploy.py`", "`tfcluster`")
+
+
 def setup_logging(verbose: bool) -> None:
     logger = logging.getLogger("tfcluster")
     handler = RichHandler(console=log_console, show_time=False, show_path=False, markup=False)
@@ -58,5 +69,5 @@ def setup_logging(verbose: bool) -> None:
 def clean_record(record: logging.LogRecord) -> bool:
     """Warnings quote node errors (a failed fetch, an unreachable node):
     no terminal control of theirs reaches the terminal."""
-    record.msg, record.args = node_text(record.getMessage()), None
+    record.msg, record.args = as_invoked(node_text(record.getMessage())), None
     return True

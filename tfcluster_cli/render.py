@@ -253,8 +253,10 @@ def print_job_outcome(result: JobResult) -> None:
     """What `train` and `run` say once the job ended (or, detached, started)."""
     if result.exit_code is None:
         consoles.console.print(
-            "[green]started[/]; follow with `deploy.py logs --follow`, "
-            "bring results home with `deploy.py fetch`, stop it with `deploy.py cancel`"
+            consoles.as_invoked(
+                "[green]started[/]; follow with `deploy.py logs --follow`, "
+                "bring results home with `deploy.py fetch`, stop it with `deploy.py cancel`"
+            )
         )
         return
     result.check()
@@ -265,7 +267,9 @@ def print_job_outcome(result: JobResult) -> None:
         consoles.console.print(f"results: {result.destination}", markup=False, soft_wrap=True)
     else:  # the fetch failed (warned): the run folder is still on the chief's node
         consoles.console.print(
-            "results: still on the chief's node; `deploy.py fetch --dest FOLDER`"
+            consoles.as_invoked(
+                "results: still on the chief's node; `deploy.py fetch --dest FOLDER`"
+            )
         )
 
 

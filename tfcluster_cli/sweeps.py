@@ -56,8 +56,10 @@ def run_with_table(
             hint="`deploy.py logs` shows each trial's log (trial-N)",
         )
     consoles.console.print(
-        f"[green]done[/]: {len(sweep_run.trials)} trial(s); "
-        f"compare them with `deploy.py report {escape(str(destination))}`"
+        consoles.as_invoked(
+            f"[green]done[/]: {len(sweep_run.trials)} trial(s); "
+            f"compare them with `deploy.py report {escape(str(destination))}`"
+        )
     )
 
 
