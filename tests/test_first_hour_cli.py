@@ -153,3 +153,18 @@ def test_hints_name_the_program_as_it_was_typed(tmp_path: Path) -> None:
     assert "deploy.py" not in result.output
     result = runner.invoke(cli, ["fetch", "--dest", str(tmp_path)], prog_name="deploy.py")
     assert "run `deploy.py train` or `deploy.py run` first" in result.output
+
+
+def test_a_warning_piped_is_one_whole_line(workdir: Path) -> None:
+    """Output that is no terminal wraps nothing, warnings included (rich's
+    log grid cut them at 80 columns)."""
+    (workdir / "requirements.txt").write_text("numpy\n")
+    result = CliRunner().invoke(
+        cli, ["run", "--workdir", str(workdir), "--", "python", "stand_in.py"]
+    )
+    assert result.exit_code == 0, result.output
+    warning = [x for x in result.stderr.splitlines() if x.startswith("WARNING")]
+    assert warning == [
+        "WARNING  the local cluster runs this machine's Python; install requirements.txt into "
+        "it yourself"
+    ], result.stderr

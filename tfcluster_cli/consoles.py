@@ -9,6 +9,7 @@ commands print to the same objects, imported by name.
 from __future__ import annotations
 
 import logging
+import sys
 
 import click
 from rich.console import Console, ConsoleDimensions
@@ -59,7 +60,14 @@ def as_invoked(text: str) -> str:
 
 def setup_logging(verbose: bool) -> None:
     logger = logging.getLogger("tfcluster")
-    handler = RichHandler(console=log_console, show_time=False, show_path=False, markup=False)
+    handler: logging.Handler
+    if log_console.is_terminal:
+        handler = RichHandler(console=log_console, show_time=False, show_path=False, markup=False)
+    else:
+        # Piped, redirected or in CI: one whole line per record, as every
+        # other line (rich's grid would wrap it at 80 columns).
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
     handler.addFilter(clean_record)
     logger.handlers[:] = [handler]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
