@@ -407,8 +407,8 @@ def ssh(cluster: Cluster, node: str) -> None:
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Where the speedup / time-to-accuracy plot goes (default report.png; for a "
-    "sweep folder, report.png inside it).",
+    help="Where the speedup / time-to-accuracy plot goes (default report.png in the run's "
+    "folder, or in the folder the runs share; for a sweep folder, inside it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable rows.")
 @click.option("--metric", help="A sweep's metric to rank the trials by (default test accuracy).")
