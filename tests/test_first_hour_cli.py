@@ -168,3 +168,20 @@ def test_a_warning_piped_is_one_whole_line(workdir: Path) -> None:
         "WARNING  the local cluster runs this machine's Python; install requirements.txt into "
         "it yourself"
     ], result.stderr
+
+
+def test_a_sweeps_shell_script_reads_the_trials_variable(tmp_path: Path) -> None:
+    """`bash -c '... "${LR}"'`, as the README writes it: "${LR}" is the
+    shell's, not a placeholder {LR} without its --param (it was refused)."""
+    from infra.sweep_spec import command_spec, parse_params
+
+    script = 'echo "${LR} {lr}" > "$TFCLUSTER_RUN_DIR/lr.txt"'
+    spec = command_spec(["bash", "-c", script], parse_params(["lr=0.1,0.01"]))
+    assert spec.command({"lr": "0.1"}) == ("bash", "-c", 'echo "${LR} ${LR}" > "$TFCLUSTER_RUN_DIR/lr.txt"')
+    dest = tmp_path / "sweeps"
+    code, out = deploy("sweep", "--param", "lr=0.1,0.01", "--workdir", str(tmp_path),
+                       "--dest", str(dest), "--", "bash", "-c", script)  # fmt: skip
+    assert code == 0, out
+    (sweep,) = list(dest.iterdir())
+    got = sorted((t / "lr.txt").read_text() for t in sweep.glob("trial-*"))
+    assert got == ["0.01 0.01\n", "0.1 0.1\n"], got
