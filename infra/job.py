@@ -456,7 +456,7 @@ class Job:
                 continue
             lines += [
                 f"{task.node}/{task.name} | {node_text(line)}"
-                for line in failure.condense(result.stdout.splitlines())
+                for line in failure.condense(result.stdout.split("\n"))
             ]
         if changed is not None:
             raise changed

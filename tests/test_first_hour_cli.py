@@ -185,3 +185,18 @@ def test_a_sweeps_shell_script_reads_the_trials_variable(tmp_path: Path) -> None
     (sweep,) = list(dest.iterdir())
     got = sorted((t / "lr.txt").read_text() for t in sweep.glob("trial-*"))
     assert got == ["0.01 0.01\n", "0.1 0.1\n"], got
+
+
+def test_every_mistake_of_a_cluster_yaml_is_a_line_of_its_own(tmp_path: Path) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "name: mine\nprovider: local\nnodse: [pc-1]\n"
+        "job:\n  steps: many\n  batch_size: 0\n"
+    )
+    code, out = deploy("--config", str(config), "status")
+    assert code == 2, out
+    assert out.splitlines() == [
+        f"error: {config}: nodse: unknown key; did you mean 'nodes'?",
+        f"error: {config}: job.steps: 'many': Input should be a valid integer",
+        f"error: {config}: job.batch_size: 0: Input should be greater than or equal to 1",
+    ], out
