@@ -20,7 +20,15 @@ from infra import commands
 from infra.cluster_base import ClusterBase, locked
 from infra.config import check_env_name
 from infra.destination import check_destination
-from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
+from infra.errors import (
+    ConfigError,
+    HostKeyChanged,
+    Interrupted,
+    JobFailed,
+    RemoteError,
+    StateError,
+    combine_errors,
+)
 from infra.fanout import in_threads
 from infra.job import Job, Waiting
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
@@ -248,7 +256,13 @@ class ClusterJobs(ClusterBase):
             on_waiting=on_waiting,
             clock=clock,
         )
-        job.start()
+        try:
+            job.start()
+        except (JobFailed, Interrupted) as exc:
+            # A job that failed at start is the last job all the same:
+            # `status` names it with its code, `logs` shows why.
+            self.remember(job, exit_code=exc.exit_code)
+            raise
         self.remember(job)
         return job
 

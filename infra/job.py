@@ -532,6 +532,7 @@ class Job:
         try:
             code = self.follow()
         except KeyboardInterrupt:
+            self.exit_code = Interrupted.exit_code  # recorded: 130, as a shell says it
             self.stop()
             raise Interrupted(
                 "interrupted: every task of the job was stopped",

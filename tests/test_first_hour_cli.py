@@ -200,3 +200,13 @@ def test_every_mistake_of_a_cluster_yaml_is_a_line_of_its_own(tmp_path: Path) ->
         f"error: {config}: job.steps: 'many': Input should be a valid integer",
         f"error: {config}: job.batch_size: 0: Input should be greater than or equal to 1",
     ], out
+
+
+def test_a_job_that_failed_at_start_is_the_last_job(workdir: Path) -> None:
+    code, out = deploy("run", "--workdir", str(workdir), "--env", "FAIL_TASK=worker-1",
+                       "--env", "FAIL_CODE=4", "--", "python", "stand_in.py")  # fmt: skip
+    assert code == 4, out
+    code, out = deploy("status")
+    assert code == 0 and "last job: stand-in-" in out and ": python stand_in.py (exit code 4)" in out
+    code, out = deploy("logs", "pc-3")
+    assert code == 0 and "worker-1 fails on purpose" in out, out

@@ -334,6 +334,9 @@ def test_ctrl_c_stops_every_task(workdir: Path, tfcluster_home: Path) -> None:
         proc.kill()
     assert proc.returncode == 130, out
     assert "interrupted" in out and "Traceback" not in out
+    # Recorded as a shell says a Ctrl-C, not as a chief without a code (-1).
+    code, out = deploy("status")
+    assert code == 0 and "(exit code 130: interrupted or cancelled)" in out, out
 
 
 def test_exec_runs_in_the_working_folder_on_every_node(workdir: Path) -> None:

@@ -196,7 +196,7 @@ def print_status(cluster: Cluster, *, all_gpus: bool = False) -> None:
         consoles.console.print(idle.text(), markup=False, soft_wrap=True)
     job = cluster.last_job()
     if job is not None:
-        state = "running or detached" if job.exit_code is None else f"exit code {job.exit_code}"
+        state = job_state(job.exit_code)
         consoles.console.print(
             f"last job: {job.run_id}: {node_text(job.label)} ({state})",
             markup=False,
@@ -211,6 +211,17 @@ def print_job_end(end: JobEnd) -> None:
     consoles.console.print(
         f"job {end.run_id} {what} ({code}): nothing more to follow", markup=False, soft_wrap=True
     )
+
+
+def job_state(code: int | None) -> str:
+    """A recorded job's end, as `status` says it."""
+    if code is None:
+        return "running or detached"
+    if code < 0:
+        return "ended without an exit code: killed, or its node lost"
+    if code == 130:
+        return "exit code 130: interrupted or cancelled"
+    return f"exit code {code}"
 
 
 def cell(text: str, style: str = "") -> Text:
