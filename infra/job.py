@@ -128,8 +128,10 @@ class Job:
         self.summary: dict[str, Any] | None = None
         # The tasks this job started: the only ones it may stop.
         self.started: list[TaskSpec] = []
-        # After run(): the last log lines of the tasks that failed.
+        # After run(): the last log lines of the tasks that failed, and the
+        # tasks other than the chief that failed, with their exit codes.
         self.failure: list[str] = []
+        self.failed_others: list[tuple[TaskSpec, int]] = []
         # Once the chief ended (watch): its exit code, -1 when it left none;
         # set before the fetch, which may still fail.
         self.exit_code: int | None = None
@@ -463,12 +465,17 @@ class Job:
         return lines
 
     def failed_tasks(self) -> list[TaskSpec]:
-        """The chief and every other task that ended with a non-zero code."""
+        """The chief and every other task that ended with a non-zero code;
+        the others' codes are kept in ``failed_others`` (a dead worker is
+        most often why the chief failed)."""
         states = self.status()
         failed = [
             t
             for t in self.tasks
             if (s := states.get(t.name)) and not s.alive and s.exit_code not in (0, None)
+        ]
+        self.failed_others = [
+            (t, code) for t in failed if t is not self.chief and (code := states[t.name].exit_code)
         ]
         return sorted(failed, key=lambda t: t is not self.chief)
 

@@ -93,6 +93,11 @@ class JobResult:
             if code > 0
             else "the chief ended without an exit code (cancelled, killed, or its node lost)"
         )
+        # The other tasks that failed, with their own codes: a worker that
+        # died is most often why the chief failed.
+        why += "".join(
+            f"; {t.name} on {t.node} exited with code {c}" for t, c in self.job.failed_others
+        )
         raise JobFailed(
             why + (f" (results so far in {self.destination})" if self.destination.exists() else ""),
             exit_code=code,

@@ -210,3 +210,12 @@ def test_a_job_that_failed_at_start_is_the_last_job(workdir: Path) -> None:
     assert code == 0 and "last job: stand-in-" in out and ": python stand_in.py (exit code 4)" in out
     code, out = deploy("logs", "pc-3")
     assert code == 0 and "worker-1 fails on purpose" in out, out
+
+
+def test_a_worker_that_died_is_named_with_its_own_exit_code(workdir: Path) -> None:
+    code, out = deploy("run", "--workdir", str(workdir), "--env", "DIE_TASK=worker-1",
+                       "--env", "DIE_CODE=4", "--env", "CHIEF_SLEEP=4", "--env", "CHIEF_CODE=1",
+                       "--", "python", "stand_in.py")  # fmt: skip
+    assert code == 1, out  # the chief's, as documented
+    assert "error: the chief exited with code 1; worker-1 on pc-3 exited with code 4" in out, out
+    assert "pc-3/worker-1 | worker-1 dies mid-job" in out

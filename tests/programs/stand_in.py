@@ -6,7 +6,8 @@ worker then listens on its TF_CONFIG port, as a tf.distribute.Server would,
 until it is stopped; the chief prints a line, waits CHIEF_SLEEP seconds and
 exits with CHIEF_CODE. FAIL_TASK=<task> makes that task fail at once;
 PRINT_FILE=<file> has every task print that file first; HANG_TASK=<task>
-has that task print a line and never listen.
+has that task print a line and never listen; DIE_TASK=<task> has it exit
+with DIE_CODE a second after it listens.
 """
 
 import json
@@ -48,6 +49,10 @@ if kind != "chief":
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", port))
     server.listen()
+    if os.environ.get("DIE_TASK") == task:  # dies once the job runs
+        time.sleep(1)
+        print(f"{task} dies mid-job", file=sys.stderr, flush=True)
+        sys.exit(int(os.environ.get("DIE_CODE", "4")))
     time.sleep(3600)
 time.sleep(float(os.environ.get("CHIEF_SLEEP", "0")))
 print("chief says goodbye", flush=True)
