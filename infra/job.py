@@ -119,7 +119,9 @@ class Job:
         # The tasks not listening yet, after each readiness poll (then [],
         # once none is waited for): a front end's live line per task.
         self.on_waiting = on_waiting
-        self.ready_timeout = ready_wait() if ready_timeout is None else ready_timeout
+        # None: TFCLUSTER_READY_WAIT, read when the job waits (a job only
+        # attached to, for `status` or `cancel`, never reads it).
+        self.ready_timeout = ready_timeout
         chiefs = [t for t in self.tasks if t.type == "chief"]
         if len(chiefs) != 1:
             raise StateError("a job needs exactly one chief task")
@@ -161,6 +163,8 @@ class Job:
         A task that dies before it listens ends the job either way.
         Whatever goes wrong (Ctrl-C too), what this job started is stopped."""
         others = [t for t in self.tasks if t is not self.chief]
+        if self.ready_timeout is None:  # a bad TFCLUSTER_READY_WAIT: before any start
+            self.ready_timeout = ready_wait()
         try:
             if self.spec.program.chief_waits:
                 self._start([*others, self.chief])
@@ -267,7 +271,7 @@ class Job:
         if not tasks:
             return
         began = time.monotonic()
-        deadline = began + self.ready_timeout
+        deadline = began + (self.ready_timeout or ready_wait())
         pending = list(tasks)
         states: dict[str, str] = {}
         shown: dict[str, int] = {}  # each task's lines of output reported so far
@@ -364,7 +368,7 @@ class Job:
         if state == "dead":
             return "exited before it listened on its port"
         if state == "timeout":
-            return f"did not listen on its port within {self.ready_timeout:.0f} s"
+            return f"did not listen on its port within {self.ready_timeout or 0:.0f} s"
         return "did not report"
 
     # -- watch -------------------------------------------------------------------

@@ -219,3 +219,14 @@ def test_a_worker_that_died_is_named_with_its_own_exit_code(workdir: Path) -> No
     assert code == 1, out  # the chief's, as documented
     assert "error: the chief exited with code 1; worker-1 on pc-3 exited with code 4" in out, out
     assert "pc-3/worker-1 | worker-1 dies mid-job" in out
+
+
+def test_a_ready_wait_that_is_no_number_is_one_line(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TFCLUSTER_READY_WAIT", "soon")
+    code, out = deploy("run", "--workdir", str(workdir), "--", "python", "stand_in.py")
+    assert code == 2 and out.splitlines()[-1].startswith(
+        "error: TFCLUSTER_READY_WAIT='soon': not a number of seconds"
+    ), out
+    assert deploy("status")[0] == 0  # what only looks at a job never reads it
