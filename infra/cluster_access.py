@@ -22,6 +22,7 @@ from infra import commands, facts
 from infra.cluster_jobs import ClusterJobs
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
+from infra.job import Job
 from infra.job_spec import JobRecord, is_run_id
 from infra.lock import ClusterLock
 from infra.providers.base import Node, NodeState
@@ -158,7 +159,12 @@ class ClusterAccess(ClusterJobs):
             on_line(node_name, task, line)
 
         record = self.last_job()
-        running = self.running_job() if follow and record is not None else None
+        running = None
+        if follow and record is not None and record.exit_code is None:
+            running = self.running_job()
+            if running is None:  # its chief had ended: the job's end, as below
+                with contextlib.suppress(StateError), self.lock("logs"):
+                    self.running_job(finish=True)
         if nodes:
             with self.provider.transport(nodes) as transport:
                 if running is None:
@@ -187,18 +193,18 @@ class ClusterAccess(ClusterJobs):
         """While the ``with`` lasts, watch the job's chief; once it has
         ended, what of the job still runs (a --detach job's ps and workers:
         nobody else stops them) is stopped and its exit code recorded,
-        under the cluster's lock, as the launch of a next job would."""
+        under the cluster's lock, as the launch of a next job would. Once
+        more at the end of the ``with`` (the follow ended with the tasks),
+        so that the end is recorded however quickly it came."""
+        job = self.attach(record, require=False)  # here: the provider is asked in this thread
+        if job is None:
+            yield
+            return
         done = threading.Event()
 
         def watch() -> None:
-            job = self.attach(record, require=False)
-            while job is not None and not done.wait(CHIEF_POLL_S):
-                with contextlib.suppress(RemoteError):
-                    chief = job.status().get(job.chief.name)
-                    if chief is not None and chief.alive:
-                        continue
-                    with contextlib.suppress(StateError), self.lock("logs"):
-                        self.running_job(finish=True)
+            while not done.wait(CHIEF_POLL_S):
+                if self._finish_ended(record, job):
                     return
 
         watcher = threading.Thread(target=watch, daemon=True)
@@ -207,6 +213,28 @@ class ClusterAccess(ClusterJobs):
             yield
         finally:
             done.set()
+            watcher.join()
+        self._finish_ended(record, job)
+
+    def _finish_ended(self, record: JobRecord, job: Job) -> bool:
+        """Whether the job's chief has ended; if so, and nobody recorded the
+        job's end yet, stop what of it still runs and record its code."""
+        try:
+            chief = job.status().get(job.chief.name)
+            if chief is not None and chief.alive:
+                return False
+            with self.lock("logs"):
+                last = self.last_job()
+                # Recorded by its own watcher (which stops the rest itself),
+                # or a newer job: left as it is.
+                if last is None or (last.run_id, last.exit_code) != (record.run_id, None):
+                    return True
+                job.stop([t for t in job.tasks if t is not job.chief])
+                code = chief.exit_code if chief and chief.exit_code is not None else -1
+                self._record_end(record.run_id, code)
+        except (RemoteError, StateError) as exc:
+            log.warning("could not see whether job %s has ended: %s", record.run_id, exc)
+        return True
 
     def _job_end(self, run_id: str, *, was_running: bool) -> JobEnd:
         """How the last job ended (its recorded exit code, None if none)."""

@@ -230,3 +230,16 @@ def test_a_ready_wait_that_is_no_number_is_one_line(
         "error: TFCLUSTER_READY_WAIT='soon': not a number of seconds"
     ), out
     assert deploy("status")[0] == 0  # what only looks at a job never reads it
+
+
+def test_logs_follow_after_the_chief_ended_ends_the_job_at_once(workdir: Path) -> None:
+    """Its --detach job's chief has ended, its ps and workers serve on:
+    they are stopped (the fixture finds none left) and the end is said."""
+    code, out = deploy("run", "--detach", "--workdir", str(workdir), "--env", "CHIEF_CODE=5",
+                       "--", "python", "stand_in.py")  # fmt: skip
+    assert code == 0, out
+    run_id = out.split("job ", 1)[1].split(":", 1)[0]
+    time.sleep(3)  # the chief says goodbye at once
+    code, out = deploy("logs", "--follow")
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"job {run_id} had ended already (exit code 5): nothing more to follow"

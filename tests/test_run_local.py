@@ -87,6 +87,17 @@ def test_collective_example_without_ps(workdir: Path, tmp_path: Path) -> None:
     assert got["accuracy"] > 0.9, got
 
 
+def test_a_collective_program_given_a_ps_is_told_to_start_without_one(workdir: Path) -> None:
+    """The ps task of a MultiWorkerMirroredStrategy program dies before it
+    listens: the error shows its exception and says what to change."""
+    code, out = deploy("run", "--workdir", str(workdir),
+                       "--", "python", "collective_program.py", "--steps", "5")  # fmt: skip
+    assert code == 1, out
+    assert "ps-0 on pc-1 exited before it listened on its port (exit code 1)" in out
+    assert "pc-1/ps-0 | ValueError: There is no id for task_type 'ps'" in out
+    assert "hint: a collective program (MultiWorkerMirroredStrategy) takes no ps task: " in out
+
+
 def test_keras_fit_under_multi_worker_mirrored_strategy(workdir: Path, tmp_path: Path) -> None:
     """TensorFlow's multi-worker tutorial as written (tf.keras, the
     strategy, model.fit), with no flag: it gets Keras 2 as tf.keras."""
