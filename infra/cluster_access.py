@@ -1,6 +1,7 @@
 """Looking into a running cluster by hand: its task logs (once or
-followed), TensorBoard on the chief's run folder, a login shell on one
-node, forgetting a node's pinned host key.
+followed), TensorBoard on the chief's run folder, ``exec`` of a command on
+the nodes (which waits for a running job's files as a launch does), a login
+shell on one node, forgetting a node's pinned host key.
 
 A layer of ``Cluster`` (infra/cluster.py), on its jobs' (infra/cluster_jobs.py:
 `logs --follow` follows the running job to its end). Nothing here changes the
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import commands, facts
-from infra.cluster_jobs import ClusterJobs
+from infra.cluster_jobs import ClusterJobs, log_sync
 from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
 from infra.fanout import in_threads
 from infra.job import Job
@@ -241,6 +242,72 @@ class ClusterAccess(ClusterJobs):
         record = self.last_job()
         code = record.exit_code if record is not None and record.run_id == run_id else None
         return JobEnd(run_id, code, ended_now=was_running)
+
+    # -- a command on the nodes ------------------------------------------------------
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        nodes: Sequence[str] | None,
+        *,
+        workdir: Path,
+        on_line: Callable[[str, str], None],
+    ) -> dict[str, int]:
+        """Run ``argv`` on these nodes (default: every running one) in the
+        working folder, all at once; ``on_line(node, line)`` for each line
+        of output. Returns each node's exit code. The folder is synced
+        first, unless a job is running (its files stay as they are)."""
+        if not argv:
+            raise ConfigError("no command to run: put it after --, e.g. -- nvidia-smi")
+        # The lock while the nodes are readied and the folder synced, as a
+        # launch holds it; not while the command runs (a long
+        # `exec -- nvidia-smi -l` must not keep `cancel` out).
+        with self.lock("exec"):
+            names = self._exec_nodes(nodes)
+            transport = self._job_transport(names)
+            if transport.copies_files:
+                from infra.setup import sync_nodes
+
+                self._wait_ssh(transport)
+                if self.running_job() is None:
+                    log_sync(sync_nodes(transport, self.config, workdir=workdir))
+                else:
+                    log.warning("a job is running: the working folder is not synced for exec")
+        codes: dict[str, int] = {}
+        errors: dict[str, RemoteError] = {}
+
+        def one(node: str) -> None:
+            command = commands.in_workdir(
+                transport.layout(node), transport.workdir(node, workdir), argv
+            )
+            try:
+                codes[node] = transport.stream(
+                    node, command, lambda line: on_line(node, node_text(line))
+                )
+            except RemoteError as exc:
+                errors[node] = exc
+
+        with transport:
+            in_threads(one, names)
+        if errors:
+            # Every node ran it; a changed host key then keeps its type
+            # (exit 8: the first in the nodes' order), never one line of many.
+            raise combine_errors({n: errors[n] for n in names if n in errors})
+        return {n: codes[n] for n in names}
+
+    def _exec_nodes(self, nodes: Sequence[str] | None) -> list[str]:
+        """The nodes ``exec`` runs on: the ones named (each a node of the
+        config; the running ones are listed anyway, which refreshes the
+        cached addresses), else every running one."""
+        running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
+        if nodes:
+            for node in nodes:
+                self.require_known(node)
+            return list(dict.fromkeys(nodes))
+        names = [n for n in self.config.nodes if n in running]
+        if not names:
+            raise StateError(f"no node of {self.config.name} is running: run `deploy.py up`")
+        return names
 
     # -- one node, by hand --------------------------------------------------------
 

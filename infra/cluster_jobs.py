@@ -1,8 +1,7 @@
 """The job side of ``Cluster``: the spec of a job (the built-in trainer or
 the user's program), its launch (sync, start every task, remember it), its
 end (watch, cancel, the exit code recorded), finding it again later
-(``running_job``, ``attach``, ``fetch``) and ``exec`` of a command on the
-nodes, which waits for a running job's files as a launch does.
+(``running_job``, ``attach``, ``fetch``).
 
 A mixin of ``Cluster`` (infra/cluster.py): callers call ``cluster.launch()``;
 infra/jobrun.py is a job's whole life as one call on top of these.
@@ -27,15 +26,14 @@ from infra.errors import (
     JobFailed,
     RemoteError,
     StateError,
-    combine_errors,
 )
-from infra.fanout import in_threads
-from infra.job import Job, Waiting
+from infra.job import Job
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
 from infra.keras_choice import LEGACY_ENV, legacy_keras
 from infra.lifecycle import require_running
 from infra.progress import ProgressEvent, StartupClock
 from infra.providers.base import NodeState
+from infra.readiness import Waiting
 from infra.text import node_text
 from infra.tfconfig import TaskSpec, build_tasks
 from infra.transport import Transport
@@ -237,7 +235,7 @@ class ClusterJobs(ClusterBase):
             report = sync_nodes(
                 transport, self.config, workdir=workdir if program.in_workdir else None
             )
-            _log_sync(report)
+            log_sync(report)
             clock.mark("sync")
         elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
             log.warning(
@@ -393,70 +391,6 @@ class ClusterJobs(ClusterBase):
         job.output_dir = record.output_dir
         return job
 
-    def exec(
-        self,
-        argv: Sequence[str],
-        nodes: Sequence[str] | None,
-        *,
-        workdir: Path,
-        on_line: Callable[[str, str], None],
-    ) -> dict[str, int]:
-        """Run ``argv`` on these nodes (default: every running one) in the
-        working folder, all at once; ``on_line(node, line)`` for each line
-        of output. Returns each node's exit code. The folder is synced
-        first, unless a job is running (its files stay as they are)."""
-        if not argv:
-            raise ConfigError("no command to run: put it after --, e.g. -- nvidia-smi")
-        # The lock while the nodes are readied and the folder synced, as a
-        # launch holds it; not while the command runs (a long
-        # `exec -- nvidia-smi -l` must not keep `cancel` out).
-        with self.lock("exec"):
-            names = self._exec_nodes(nodes)
-            transport = self._job_transport(names)
-            if transport.copies_files:
-                from infra.setup import sync_nodes
-
-                self._wait_ssh(transport)
-                if self.running_job() is None:
-                    _log_sync(sync_nodes(transport, self.config, workdir=workdir))
-                else:
-                    log.warning("a job is running: the working folder is not synced for exec")
-        codes: dict[str, int] = {}
-        errors: dict[str, RemoteError] = {}
-
-        def one(node: str) -> None:
-            command = commands.in_workdir(
-                transport.layout(node), transport.workdir(node, workdir), argv
-            )
-            try:
-                codes[node] = transport.stream(
-                    node, command, lambda line: on_line(node, node_text(line))
-                )
-            except RemoteError as exc:
-                errors[node] = exc
-
-        with transport:
-            in_threads(one, names)
-        if errors:
-            # Every node ran it; a changed host key then keeps its type
-            # (exit 8: the first in the nodes' order), never one line of many.
-            raise combine_errors({n: errors[n] for n in names if n in errors})
-        return {n: codes[n] for n in names}
-
-    def _exec_nodes(self, nodes: Sequence[str] | None) -> list[str]:
-        """The nodes ``exec`` runs on: the ones named (each a node of the
-        config; the running ones are listed anyway, which refreshes the
-        cached addresses), else every running one."""
-        running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
-        if nodes:
-            for node in nodes:
-                self.require_known(node)
-            return list(dict.fromkeys(nodes))
-        names = [n for n in self.config.nodes if n in running]
-        if not names:
-            raise StateError(f"no node of {self.config.name} is running: run `deploy.py up`")
-        return names
-
     def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
         """Where ``run_id``'s folder comes home: in ``dest``, else in
         runs/<cluster>/. One that cannot be written, given or the default,
@@ -486,7 +420,7 @@ class ClusterJobs(ClusterBase):
             log.warning("could not restart the autostop clocks: %s", exc)
 
 
-def _log_sync(report: SetupReport) -> None:
+def log_sync(report: SetupReport) -> None:
     """What the sync before a job or exec did, per node (``-v`` shows it):
     files sent and deleted, and whether requirements.txt was installed.
     Without it a minutes-long install of the user's requirements is silent."""

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from infra.errors import JobFailed
 from infra.failure import strategy_hint
-from infra.job import Job, Waiting
+from infra.job import Job
 from infra.job_spec import JobSpec
 from infra.progress import ProgressEvent
+from infra.readiness import Waiting
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster

@@ -17,9 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.errors import JobFailed
-from infra.job import Job, Waiting
+from infra.job import Job
 from infra.jobrun import JobReporter
 from infra.progress import ProgressEvent, describe, metrics_text, number, parse_line
+from infra.readiness import Waiting
 from infra.text import node_text
 from infra.tf_noise import is_tf_noise
 from tfcluster_cli import consoles
