@@ -166,20 +166,25 @@ class ClusterAccess(ClusterJobs):
             if running is None:  # its chief had ended: the job's end, as below
                 with contextlib.suppress(StateError), self.lock("logs"):
                     self.running_job(finish=True)
+        # No job known (a state file rebuilt): followed until Ctrl-C, as is.
+        forever = follow and record is None
         if nodes:
             with self.provider.transport(nodes) as transport:
-                if running is None:
-                    for n in nodes:
+                names = [n.name for n in nodes]
+                if running is not None:
+                    tasks = running.task_specs()
+                    until = {n: [t.name for t in tasks if t.node == n] for n in names}
+                    with self._finish_when_chief_ends(running):
+                        _follow_all(transport, names, lines, counted, until)
+                elif forever:
+                    _follow_all(transport, names, lines, counted, None)
+                else:
+                    for n in names:
                         result = transport.run(
-                            n.name, commands.tail_logs(transport.layout(n.name), lines, False)
+                            n, commands.tail_logs(transport.layout(n), lines, False)
                         )
                         for task, line in facts.parse_tail(result.stdout):
-                            counted(n.name, task, line)
-                else:
-                    until = {n.name: [t.name for t in running.task_specs() if t.node == n.name]
-                             for n in nodes}  # fmt: skip
-                    with self._finish_when_chief_ends(running):
-                        _follow_all(transport, [n.name for n in nodes], lines, counted, until)
+                            counted(n, task, line)
         if not shown and record is None:
             raise StateError(
                 f"no job has run on {self.config.name} yet: no logs to show; "
@@ -361,10 +366,10 @@ def _follow_all(
     nodes: Sequence[str],
     lines: int,
     on_line: Callable[[str, str, str], None],
-    until: Mapping[str, Sequence[str]],
+    until: Mapping[str, Sequence[str]] | None,
 ) -> None:
     """Follow every node's logs at once while the ``until`` tasks of each
-    node run (or until Ctrl-C). What a thread raises
+    node run (None: until Ctrl-C). What a thread raises
     is raised here: a changed host key (or a bug) at once; a node lost
     otherwise is warned about while the others go on, and raised once
     none is left."""
@@ -382,7 +387,9 @@ def _follow_all(
                 on_line(node, task, node_text(line))
 
         try:
-            command = commands.tail_logs(transport.layout(node), lines, True, until[node])
+            command = commands.tail_logs(
+                transport.layout(node), lines, True, until[node] if until is not None else None
+            )
             transport.stream(node, command, handle)
         except BaseException as exc:  # raised in the caller's thread, below
             errors[node] = exc
