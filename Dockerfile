@@ -53,7 +53,7 @@ ARG WHEELHOUSE=.cache/wheelhouse
 ENV NODE_USER=${NODE_USER}
 # The requirements file plus, when it exists, the wheelhouse's wheels (the
 # glob may match nothing: the requirements file keeps the COPY valid).
-COPY trainer/requirements.txt ${WHEELHOUSE}* /tmp/bake/
+COPY trainer/requirements.txt trainer/requirements-no-deps.txt ${WHEELHOUSE}* /tmp/bake/
 # As the login user, as infra/install.py installs: no chown pass over the venv.
 USER ${NODE_USER}
 RUN if [ "${BAKE_VENV}" = 1 ]; then \

@@ -27,10 +27,12 @@ help:
 	@echo "make cluster-image | cluster-up | cluster-down - the docker-compose cluster"
 
 # constraints.txt: the exact versions CI tests (pyproject.toml has ranges).
-$(STAMP): pyproject.toml trainer/requirements.txt requirements-dev.txt constraints.txt
+$(STAMP): pyproject.toml trainer/requirements.txt trainer/requirements-no-deps.txt \
+		requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[trainer,dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt -r trainer/requirements-no-deps.txt
 	touch $@
 
 venv: $(STAMP)

@@ -22,6 +22,7 @@ import click
 
 from infra.cluster import Cluster
 from infra.config import ClusterConfig, default_config, load_config
+from infra.errors import Interrupted
 from tfcluster_cli import render
 from tfcluster_cli.consoles import console, setup_logging
 from tfcluster_cli.group import TfclusterGroup
@@ -32,6 +33,7 @@ from tfcluster_cli.options import (
     env_option,
     env_pairs_option,
     job_option,
+    raw_option,
     recover_option,
     workdir_option,
 )
@@ -254,6 +256,7 @@ Examples:
 @detach_option
 @dest_option("Where the chief's TFCLUSTER_RUN_DIR comes home (default runs/<cluster>/<run id>).")
 @recover_option
+@raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
 def run(
@@ -264,6 +267,7 @@ def run(
     detach: bool,
     dest: Path | None,
     no_recover: bool,
+    raw: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run your own TensorFlow program COMMAND as a distributed job.
@@ -283,7 +287,7 @@ def run(
     and `run` exits with the chief's exit code.
     """
     env = env_option(env_pairs)
-    view = TrainView(detach, echo=True)
+    view = TrainView(detach, echo=True, raw=raw)
     result = cluster.run_program(
         command, ps=not no_ps, env=env, workdir=workdir, detach=detach, dest=dest,
         recover=not no_recover, reporter=view,
@@ -300,15 +304,20 @@ def run(
     help="Only this node (repeatable); default every running node.",
 )
 @workdir_option
+@raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_cluster
 def exec_(
-    cluster: Cluster, nodes: tuple[str, ...], workdir: Path | None, command: tuple[str, ...]
+    cluster: Cluster,
+    nodes: tuple[str, ...],
+    workdir: Path | None,
+    raw: bool,
+    command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every node (or the --node ones) in the working folder,
     e.g. `exec -- nvidia-smi`, `exec -- pip list`. Output lines are prefixed
     with the node's name; exits 0 only if COMMAND succeeded everywhere."""
-    view = ExecView()
+    view = ExecView(raw)
     folder = cluster.workdir(workdir)
     view.check(cluster.exec(command, list(nodes) or None, workdir=folder, on_line=view.line))
 
@@ -322,20 +331,25 @@ def cancel(cluster: Cluster) -> None:
 
 @cli.command()
 @click.argument("node", required=False)
-@click.option("--follow", "-f", is_flag=True, help="Keep following until Ctrl-C.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep following while the last job runs (or until Ctrl-C)."
+)
 @click.option("--lines", "-n", default=50, show_default=True, type=click.IntRange(min=0))
 @click.option(
-    "--raw", is_flag=True, help="The chief's progress events as written (@tfcluster {json})."
+    "--raw",
+    is_flag=True,
+    help="Every line as written: the chief's progress events as JSON (@tfcluster {json}), "
+    "and TensorFlow's load-time log (oneDNN, CPU features, CUDA not found), left out otherwise.",
 )
 @pass_cluster
 def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool) -> None:
     """Task logs of every node (or one), each line prefixed with node/task.
     The chief's progress events are shown as sentences (`--raw`: as JSON).
-    Before any job, or with no node running: one line saying so, exit 3."""
-    try:
-        cluster.logs(node, lines=lines, follow=follow, on_line=log_printer(raw))
-    except KeyboardInterrupt:
-        return
+    --follow ends when the job does, saying so. Before any job, or with no
+    node running: one line saying so, exit 3."""
+    end = cluster.logs(node, lines=lines, follow=follow, on_line=log_printer(raw))
+    if end is not None:
+        render.print_job_end(end)
 
 
 @cli.command()
@@ -343,26 +357,29 @@ def logs(cluster: Cluster, node: str | None, follow: bool, lines: int, raw: bool
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
-    default=6006,
-    show_default=True,
-    help="The local port of the tunnel (taken or 0: any free one).",
+    help="The port here (default 6006, or any free one when it is taken); "
+    "a port given and taken is refused; 0: any free one.",
 )
 @pass_cluster
-def tensorboard(cluster: Cluster, run_id: str | None, port: int) -> None:
+def tensorboard(cluster: Cluster, run_id: str | None, port: int | None) -> None:
     """TensorBoard on a job's run folder (default: the last job's), also
     while it trains: it runs on the chief's node, reached through an SSH
     tunnel to a port here (local cluster: directly). The URL is printed;
-    Ctrl-C closes it and stops it on the node."""
+    Ctrl-C closes it and stops it on the node (exit 130)."""
     # A closed terminal stops it too: nothing else would (a job, by
     # contrast, is recorded, and goes on for `logs` and `fetch`).
     interrupted_by(signal.SIGHUP)
     starting = render.print_tensorboard_starting
-    with cluster.tensorboard(run_id, local_port=port, on_starting=starting) as (board, wait):
+    with cluster.tensorboard(
+        run_id, local_port=6006 if port is None else port, exact_port=port is not None,
+        on_starting=starting,
+    ) as (board, wait):  # fmt: skip
         render.print_tensorboard(board)
         try:
             wait()
         except KeyboardInterrupt:
             console.print("closed TensorBoard", markup=False)
+            raise click.exceptions.Exit(Interrupted.exit_code) from None
 
 
 @cli.command()
@@ -407,8 +424,8 @@ def ssh(cluster: Cluster, node: str) -> None:
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Where the speedup / time-to-accuracy plot goes (default report.png; for a "
-    "sweep folder, report.png inside it).",
+    help="Where the speedup / time-to-accuracy plot goes (default report.png in the run's "
+    "folder, or in the folder the runs share; for a sweep folder, inside it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable rows.")
 @click.option("--metric", help="A sweep's metric to rank the trials by (default test accuracy).")

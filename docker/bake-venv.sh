@@ -19,5 +19,12 @@ mkdir -p "$root"
 python3 -m venv "$root/venv"
 "$root/venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check \
     --no-index --find-links "$wheelhouse" -r "$requirements"
+# Beside the requirements: what goes in without its dependencies (tf-keras),
+# as infra/setup_commands.py installs it.
+no_deps="$(dirname "$requirements")/requirements-no-deps.txt"
+if [ -f "$no_deps" ]; then
+    "$root/venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check \
+        --no-index --find-links "$wheelhouse" --no-deps -r "$no_deps"
+fi
 # Last: a venv without its marker is one that `up` installs again.
 printf '%s\n' "$marker" > "$root/venv/.tfcluster-install"

@@ -45,7 +45,7 @@ build_bare() {
     inputs="$(
         {
             echo "base $(docker image inspect -f '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || echo "$BASE_IMAGE")"
-            sha256sum Dockerfile docker/* trainer/requirements.txt
+            sha256sum Dockerfile docker/* trainer/requirements*.txt
         } | sha256sum | cut -c1-32
     )"
     if [ "$(label "$target")" = "$inputs" ] && [ "${FORCE:-0}" != 1 ]; then
@@ -75,7 +75,7 @@ if [ "$method" = build ]; then
         {
             echo "build base $(docker image inspect -f '{{.Id}}' "$BASE_IMAGE" 2>/dev/null)"
             echo "marker $marker dir $remote_dir"
-            sha256sum Dockerfile docker/* trainer/requirements.txt
+            sha256sum Dockerfile docker/* trainer/requirements*.txt
             wheels
         } | sha256sum | cut -c1-32
     )"
@@ -96,7 +96,7 @@ inputs="$(
     {
         echo "commit bare $(docker image inspect -f '{{.Id}}' "$bare")"
         echo "marker $marker dir $remote_dir"
-        sha256sum trainer/requirements.txt docker/bake-venv.sh
+        sha256sum trainer/requirements*.txt docker/bake-venv.sh
         wheels
     } | sha256sum | cut -c1-32
 )"
@@ -110,6 +110,7 @@ trap 'docker rm -f "$baker" >/dev/null 2>&1 || true' EXIT
 docker run --name "$baker" -u tfcluster --entrypoint tfcluster-bake \
     -v "$PWD/.cache/wheelhouse:/tmp/wheelhouse:ro" \
     -v "$PWD/trainer/requirements.txt:/tmp/requirements.txt:ro" \
+    -v "$PWD/trainer/requirements-no-deps.txt:/tmp/requirements-no-deps.txt:ro" \
     "$bare" /tmp/wheelhouse /tmp/requirements.txt "$remote_dir" "$marker"
 # The container's config (user, entrypoint) back to the bare image's.
 docker commit \

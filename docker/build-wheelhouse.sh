@@ -19,7 +19,8 @@ python="${PYTHON:-.venv/bin/python}"
 # The exact versions CI tests, dependencies too (what setup installs the
 # default requirements with): the wheelhouse must hold those very wheels.
 constraints="${CONSTRAINTS:-constraints.txt}"
-want="$(cat "$requirements" "$constraints" 2>/dev/null | sha256sum | cut -d' ' -f1)"
+want="$(cat "$requirements" "$(dirname "$requirements")/requirements-no-deps.txt" "$constraints" \
+    2>/dev/null | sha256sum | cut -d' ' -f1)"
 if [ -f "$dest/.requirements.sha256" ] && [ "$(cat "$dest/.requirements.sha256")" = "$want" ]; then
     echo "build-wheelhouse: $dest is up to date ($(ls "$dest"/*.whl | wc -l) wheels)"
     exit 0
@@ -43,6 +44,13 @@ cons=()
 [ -f "$constraints" ] && cons=(-c "$constraints")
 "$python" -m pip download -q -r "$requirements" "${cons[@]}" -d "$dest.new" \
     --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 "${platforms[@]}"
+# What the nodes install without dependencies (tf-keras: it would pull the
+# `tensorflow` wheel beside tensorflow-cpu), beside the requirements file.
+no_deps="$(dirname "$requirements")/requirements-no-deps.txt"
+if [ -f "$no_deps" ]; then
+    "$python" -m pip download -q --no-deps -r "$no_deps" "${cons[@]}" -d "$dest.new" \
+        --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 "${platforms[@]}"
+fi
 rm -rf "$dest"
 mv "$dest.new" "$dest"
 echo "$want" > "$dest/.requirements.sha256"

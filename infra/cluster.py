@@ -368,8 +368,8 @@ class Cluster(ClusterRuns, ClusterAccess):
         """The user's program ``argv`` as a job (see ``run_spec``), run in
         the working folder (``workdir``, else job.workdir), from launch to
         the fetched run folder (infra/jobrun.py)."""
-        spec = self.run_spec(argv, ps=ps, env=env)
         folder = self.workdir(workdir)
+        spec = self.run_spec(argv, ps=ps, env=env, workdir=folder)
         return run_job(
             self, spec, detach=detach, dest=dest, workdir=folder, recover=recover,
             reporter=reporter,

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Concatenate, ParamSpec, TypeVar
 
 from infra.config import ClusterConfig
-from infra.errors import StateError
+from infra.errors import ConfigError
 from infra.job_spec import JobRecord
 from infra.lock import ClusterLock
 from infra.providers import get_provider
@@ -97,13 +97,12 @@ class ClusterBase:
         return nodes
 
     def require_known(self, node: str) -> None:
-        """A StateError (exit 3) unless ``node`` is one of cluster.yaml's
-        nodes. Every command that takes a node name (``logs``, ``ssh``,
-        ``exec --node``, ``forget-host``) refuses an unknown one with this
-        one line: the name is fine as a flag, the cluster just has no such
-        node."""
+        """A ConfigError (exit 2, a bad argument) unless ``node`` is one of
+        cluster.yaml's nodes. Every command that takes a node name
+        (``logs``, ``ssh``, ``exec --node``, ``forget-host``) refuses an
+        unknown one with this one line, naming the nodes there are."""
         if node not in self.config.nodes:
-            raise StateError(
+            raise ConfigError(
                 f"{node} is not a node of {self.config.name} ({', '.join(self.config.nodes)})"
             )
 

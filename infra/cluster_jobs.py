@@ -1,8 +1,7 @@
 """The job side of ``Cluster``: the spec of a job (the built-in trainer or
 the user's program), its launch (sync, start every task, remember it), its
 end (watch, cancel, the exit code recorded), finding it again later
-(``running_job``, ``attach``; ``fetch`` is infra/cluster_runs.py's) and ``exec`` of a command on the
-nodes, which waits for a running job's files as a launch does.
+(``running_job``, ``attach``; ``fetch`` is infra/cluster_runs.py's).
 
 A mixin of ``Cluster`` (infra/cluster.py): callers call ``cluster.launch()``;
 infra/jobrun.py is a job's whole life as one call on top of these.
@@ -24,16 +23,18 @@ from infra.destination import check_destination
 from infra.errors import (
     ConfigError,
     HostKeyChanged,
+    Interrupted,
+    JobFailed,
     RemoteError,
     StateError,
-    combine_errors,
 )
-from infra.fanout import in_threads
 from infra.job import Job, shielded
 from infra.job_spec import JobRecord, JobSpec, Program, new_run_id, program_name, trainer_program
+from infra.keras_choice import LEGACY_ENV, legacy_keras
 from infra.lifecycle import require_running
 from infra.progress import ProgressEvent, StartupClock
 from infra.providers.base import NodeState
+from infra.readiness import Waiting
 from infra.text import node_text
 from infra.tfconfig import TaskSpec, build_tasks
 from infra.transport import Transport
@@ -84,9 +85,15 @@ class ClusterJobs(ClusterBucket):
         mode = catalog.mode(values["mode"])
         roles = self.config.roles
         if mode.needs_ps and not roles.ps:
-            raise StateError(f"{mode.name} mode needs a ps node: add roles.ps or use --mode sync")
+            raise ConfigError(
+                f"{self.config.source}: roles: {mode.name} mode needs a ps node; "
+                "add roles.ps, or train with --mode sync (job.mode: sync)"
+            )
         if mode.needs_workers and not roles.worker:
-            raise StateError(f"{mode.name} mode needs worker nodes: add roles.worker")
+            raise ConfigError(
+                f"{self.config.source}: roles: {mode.name} mode needs worker nodes; "
+                "add roles.worker, or train with --mode single"
+            )
         run_id = new_run_id(f"{values['model']}-{values['mode']}")
         if resume:
             last = self.last_job() or self.last_bucket_run()
@@ -116,17 +123,33 @@ class ClusterJobs(ClusterBucket):
         )
 
     def run_spec(
-        self, argv: Sequence[str], *, ps: bool = True, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        ps: bool = True,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
     ) -> JobSpec:
         """The user's own program: ``argv`` as one process per task (ps,
         workers and the chief of cluster.yaml's roles; no ps with
-        ``ps=False``), in the working folder."""
+        ``ps=False``), in the working folder. Where ``workdir`` is given
+        and the program's main file there is written for ``tf.keras`` as
+        TensorFlow's tutorials write one, it gets Keras 2 as ``tf.keras``
+        (infra/keras_choice.py), and the spec's notes say so."""
         if not argv:
             raise ConfigError("no command to run: put it after --, e.g. -- python train.py")
         variables = {**self.config.job.env, **(env or {})}
         for name in variables:
             if (problem := check_env_name(name)) is not None:
                 raise ConfigError(f"--env: {problem}")
+        notes: tuple[str, ...] = ()
+        legacy = legacy_keras(argv, workdir, variables) if workdir is not None else None
+        if legacy is not None:
+            variables[LEGACY_ENV] = "1"
+            notes = (
+                f"tf.keras is Keras 2 (tf-keras) for this job: {legacy.name} uses tf.keras and "
+                f"imports no keras of its own; --env {LEGACY_ENV}=0 gives it Keras 3",
+            )
         roles = self.config.roles
         task_types = ["chief"]
         if roles.worker:
@@ -136,7 +159,7 @@ class ClusterJobs(ClusterBucket):
         program = Program(
             argv=tuple(argv), task_types=tuple(task_types), env=tuple(sorted(variables.items()))
         )
-        return JobSpec(run_id=new_run_id(program_name(argv)), program=program)
+        return JobSpec(run_id=new_run_id(program_name(argv)), program=program, notes=notes)
 
     def job_nodes(self, task_types: Sequence[str]) -> list[str]:
         """The nodes that run a task of these types, in cluster.yaml's order."""
@@ -191,6 +214,7 @@ class ClusterJobs(ClusterBucket):
         workdir: Path | None = None,
         on_event: Callable[[ProgressEvent], None] = lambda e: None,
         on_log: Callable[[str], None] = lambda line: None,
+        on_waiting: Callable[[list[Waiting]], None] = lambda waiting: None,
         sync: bool = True,
     ) -> Job:
         """Refuse if a job is running (leaving it alone), sync the code (and
@@ -213,7 +237,7 @@ class ClusterJobs(ClusterBucket):
             report = sync_nodes(
                 transport, self.config, workdir=workdir if program.in_workdir else None
             )
-            _log_sync(report)
+            log_sync(report)
             clock.mark("sync")
         elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
             log.warning(
@@ -231,9 +255,16 @@ class ClusterJobs(ClusterBucket):
             workdir=workdir,
             on_event=on_event,
             on_log=on_log,
+            on_waiting=on_waiting,
             clock=clock,
         )
-        job.start()
+        try:
+            job.start()
+        except (JobFailed, Interrupted) as exc:
+            # A job that failed at start is the last job all the same:
+            # `status` names it with its code, `logs` shows why.
+            self.remember(job, exit_code=exc.exit_code)
+            raise
         self.remember(job)
         # The chief's node mirrors its run folder into the bucket.
         self.start_uploader(
@@ -363,70 +394,6 @@ class ClusterJobs(ClusterBucket):
         job.output_dir = record.output_dir
         return job
 
-    def exec(
-        self,
-        argv: Sequence[str],
-        nodes: Sequence[str] | None,
-        *,
-        workdir: Path,
-        on_line: Callable[[str, str], None],
-    ) -> dict[str, int]:
-        """Run ``argv`` on these nodes (default: every running one) in the
-        working folder, all at once; ``on_line(node, line)`` for each line
-        of output. Returns each node's exit code. The folder is synced
-        first, unless a job is running (its files stay as they are)."""
-        if not argv:
-            raise ConfigError("no command to run: put it after --, e.g. -- nvidia-smi")
-        # The lock while the nodes are readied and the folder synced, as a
-        # launch holds it; not while the command runs (a long
-        # `exec -- nvidia-smi -l` must not keep `cancel` out).
-        with self.lock("exec"):
-            names = self._exec_nodes(nodes)
-            transport = self._job_transport(names)
-            if transport.copies_files:
-                from infra.setup import sync_nodes
-
-                self._wait_ssh(transport)
-                if self.running_job() is None:
-                    _log_sync(sync_nodes(transport, self.config, workdir=workdir))
-                else:
-                    log.warning("a job is running: the working folder is not synced for exec")
-        codes: dict[str, int] = {}
-        errors: dict[str, RemoteError] = {}
-
-        def one(node: str) -> None:
-            command = commands.in_workdir(
-                transport.layout(node), transport.workdir(node, workdir), argv
-            )
-            try:
-                codes[node] = transport.stream(
-                    node, command, lambda line: on_line(node, node_text(line))
-                )
-            except RemoteError as exc:
-                errors[node] = exc
-
-        with transport:
-            in_threads(one, names)
-        if errors:
-            # Every node ran it; a changed host key then keeps its type
-            # (exit 8: the first in the nodes' order), never one line of many.
-            raise combine_errors({n: errors[n] for n in names if n in errors})
-        return {n: codes[n] for n in names}
-
-    def _exec_nodes(self, nodes: Sequence[str] | None) -> list[str]:
-        """The nodes ``exec`` runs on: the ones named (each a node of the
-        config; the running ones are listed anyway, which refreshes the
-        cached addresses), else every running one."""
-        running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
-        if nodes:
-            for node in nodes:
-                self.require_known(node)
-            return list(dict.fromkeys(nodes))
-        names = [n for n in self.config.nodes if n in running]
-        if not names:
-            raise StateError(f"no node of {self.config.name} is running: run `deploy.py up`")
-        return names
-
     def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
         """Where ``run_id``'s folder comes home: in ``dest``, else in
         runs/<cluster>/. One that cannot be written, given or the default,
@@ -456,7 +423,7 @@ class ClusterJobs(ClusterBucket):
             log.warning("could not restart the autostop clocks: %s", exc)
 
 
-def _log_sync(report: SetupReport) -> None:
+def log_sync(report: SetupReport) -> None:
     """What the sync before a job or exec did, per node (``-v`` shows it):
     files sent and deleted, and whether requirements.txt was installed.
     Without it a minutes-long install of the user's requirements is silent."""

@@ -155,10 +155,16 @@ def _launch(
     ]
 
 
+# The last lines of a task's log that a readiness poll reports.
+OUTPUT_LINES = 20
+
+
 def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> str:
     """Wait until each task listens on its port, at most ``timeout``
     seconds; prints one line per task: ``ready NAME``, ``dead NAME`` (its
-    process ended) or ``timeout NAME``. The tasks are watched together and
+    process ended) or ``timeout NAME``; then, for each task still waited
+    for, ``lines NAME N`` (its log's line count) and its last complete
+    lines, each as ``@log NAME LINE``. The tasks are watched together and
     the wait ends at the first death: a job with a dead task will not start,
     so waiting for the others only delays the error."""
     names = sorted(tasks)
@@ -181,6 +187,17 @@ def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> 
         "done",
     ]
     lines += [f'echo "$s{i} {task}"' for i, task in enumerate(names)]
+    # What a task still waited for has written: its line count and its last
+    # complete lines (a line still being written is left for the next poll),
+    # for a live line of it and its output as it comes (facts.parse_output).
+    for i, task in enumerate(names):
+        log, _, _ = _files(layout, task)
+        lines.append(
+            f'if [ "$s{i}" = timeout ]; then n=$(wc -l < {log} 2>/dev/null || echo 0); '
+            f'echo "lines {task} $n"; f=$((n > {OUTPUT_LINES} ? n - {OUTPUT_LINES - 1} : 1)); '
+            f"tail -n +$f {log} 2>/dev/null | head -n $((n - f + 1)) | "
+            f"sed 's/^/@log {task} /'; fi"
+        )
     return "\n".join(lines)
 
 
@@ -274,15 +291,30 @@ def in_workdir(layout: NodeLayout, workdir: str, argv: Sequence[str]) -> str:
     )
 
 
-def tail_logs(layout: NodeLayout, lines: int, follow: bool) -> str:
-    """Tail every task log of the node; with ``follow`` keep going."""
-    flag = "-F" if follow else ""
+def tail_logs(
+    layout: NodeLayout, lines: int, follow: bool, until: Sequence[str] | None = None
+) -> str:
+    """Tail every task log of the node; with ``follow`` keep going: until
+    Ctrl-C, or with ``until`` (task names) while any of those tasks runs
+    (none: no following at all), so that a job's end ends the follow."""
+    if until is not None and not until:
+        follow = False
+    head = [
+        _PRELUDE,
+        f"cd {path(layout.logs)} 2>/dev/null || exit 0",
+        "ls *.log >/dev/null 2>&1 || exit 0",
+    ]
+    if not follow:
+        return "\n".join([*head, f"tail -v -n {int(lines)} *.log"])
+    if until is None:
+        return "\n".join([*head, f"tail -v -n {int(lines)} -F *.log"])
+    alive = " || ".join(f'[ -n "$(alive_pid {_files(layout, t)[1]})" ]' for t in until)
     return "\n".join(
         [
-            _PRELUDE,
-            f"cd {path(layout.logs)} 2>/dev/null || exit 0",
-            "ls *.log >/dev/null 2>&1 || exit 0",
-            f"tail -v -n {int(lines)} {flag} *.log",
+            *head,
+            # As follow_log's watcher: it also ends with this shell.
+            f"( while {{ {alive}; }} && kill -0 $$ 2>/dev/null; do sleep 0.2; done ) & w=$!",
+            f'tail -v -n {int(lines)} -F -s 0.2 --pid="$w" *.log 2>/dev/null',
         ]
     )
 

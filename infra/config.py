@@ -214,7 +214,8 @@ def parse_config(data: Any, *, source: str, base_dir: Path | None = None) -> Clu
     try:
         config = model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(source, exc, model)) from None
+        first, *more = _lines(source, exc, model)
+        raise ConfigError(first, more=more) from None
     return config.from_file(source, base_dir or Path.cwd())
 
 
@@ -261,11 +262,20 @@ def _with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[Cl
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]{1,63}\Z")
 
 
-def _one_line(source: str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
-    """The first validation problem as 'file: key: problem; fix'."""
-    # A misspelt key also makes its correctly spelt twin "missing": report the
-    # misspelling, which is the actual mistake.
-    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+def _lines(source: str, exc: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
+    """Every validation problem, each as 'file: key: problem; fix', unknown
+    keys first; each line once."""
+    errors = exc.errors()
+    # A misspelt key also makes its correctly spelt twin "missing" in the
+    # same section: report the misspelling, which is the actual mistake.
+    misspelt = {tuple(e["loc"][:-1]) for e in errors if e["type"] == "extra_forbidden"}
+    errors = [e for e in errors if e["type"] != "missing" or tuple(e["loc"][:-1]) not in misspelt]
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+    return list(dict.fromkeys(_one_line(source, err, model) for err in errors))
+
+
+def _one_line(source: str, err: Any, model: type[BaseModel] | None = None) -> str:
+    """One validation problem as 'file: key: problem; fix'."""
     loc = tuple(str(part) for part in err["loc"])
     ctx_error = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_error, _KeyedError):

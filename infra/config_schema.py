@@ -81,11 +81,23 @@ NodeList = Annotated[list[str], BeforeValidator(_as_list)]
 
 
 class Roles(Strict):
-    """Which nodes run which TensorFlow tasks. Each: a node name or a list."""
+    """Which nodes run which TensorFlow tasks. Each: a node name or a list.
+
+    Left out, the whole section is the defaults below. A ``roles:`` that
+    names no ps has none: a user who lists a chief and workers has said
+    which tasks there are (a ps nobody asked for broke collective
+    programs); ``train --mode async`` then asks for one."""
 
     ps: NodeList = ["pc-1"]  # parameter servers: hold the variables (async mode)
     chief: NodeList = ["pc-1"]  # exactly one: runs the training program, writes results
     worker: NodeList = ["pc-2", "pc-3", "pc-4"]  # compute the steps
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ps_unless_named(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data and "ps" not in data:
+            return {**data, "ps": []}
+        return data
 
 
 class Ports(Strict):
@@ -355,14 +367,8 @@ class ClusterConfig(Strict):
                 f"{', '.join(sorted(overlap))} is both ps and worker; "
                 "a node serves one of the two (the ps would starve the worker)",
             )
-        mode = catalog.mode(self.job.mode)
-        if mode.needs_ps and not self.roles.ps:
-            raise _KeyedError(
-                ("job", "mode"),
-                f"{mode.name} mode needs a ps node: add roles.ps or use mode sync",
-            )
-        if mode.needs_workers and not self.roles.worker:
-            raise _KeyedError(("roles", "worker"), f"mode {mode.name} needs worker nodes")
+        # Whether job.mode has the roles it needs is `train`'s question
+        # (Cluster.train_spec): `run` and `status` need no ps.
         ports = self.ports
         if len({ports.ps, ports.worker, ports.chief}) != 3:
             raise _KeyedError(

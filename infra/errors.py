@@ -27,9 +27,17 @@ class TfclusterError(Exception):
 
 class ConfigError(TfclusterError):
     """cluster.yaml (or a flag) is wrong: the message names file, key, value
-    and the fix. Exit code 2, the same code click uses for bad usage."""
+    and the fix. Exit code 2, the same code click uses for bad usage.
+    ``more``: the file's other mistakes, each a line of the same kind, so
+    that one run shows them all."""
 
     exit_code = 2
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, more: list[str] | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.more = list(more or [])
 
 
 class StateError(TfclusterError):

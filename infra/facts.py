@@ -46,6 +46,24 @@ def parse_readiness(stdout: str) -> dict[str, str]:
     return result
 
 
+def parse_output(stdout: str) -> dict[str, tuple[int, list[str]]]:
+    """``lines NAME N`` and ``@log NAME LINE`` lines of ``wait_ports`` ->
+    {task: (its log's line count, its last lines)}; lines without
+    terminal controls. A task whose count is missing or garbled is left
+    out, as is a line of a task with no count."""
+    counts: dict[str, int] = {}
+    logged: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        if line.startswith("@log "):
+            _, name, text = [*line.split(" ", 2), ""][:3]
+            logged.setdefault(name, []).append(node_text(text))
+            continue
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "lines" and (n := int_of(parts[2])) is not None:
+            counts[parts[1]] = n
+    return {name: (n, logged.get(name, [])) for name, n in counts.items()}
+
+
 def parse_task_status(stdout: str) -> dict[str, TaskStatus]:
     """``NAME PID ALIVE EXIT`` lines, ``-`` for unknown."""
     result: dict[str, TaskStatus] = {}

@@ -20,6 +20,11 @@ TensorFlow (a Deep Learning VM image with TensorFlow), the venv is made with
 ``--system-site-packages`` and the TensorFlow line is left out of the install
 (``InstallPlan.with_system_tf``): minutes saved per node.
 
+With the default requirements, ``trainer/requirements-no-deps.txt``
+(tf-keras) is installed after them with ``pip install --no-deps``: its
+metadata asks for the ``tensorflow`` wheel, whose module tensorflow-cpu
+already provides.
+
 A working folder's own ``requirements.txt`` (``run``, ``exec``) goes into
 the same venv (``install_user_requirements``). The shell text is in
 ``infra/setup_commands.py``, its parsers in ``infra/setup_facts.py``;
@@ -50,6 +55,9 @@ log = logging.getLogger("tfcluster")
 
 # The default setup.requirements, and the exact versions it is installed with.
 DEFAULT_REQUIREMENTS = "trainer/requirements.txt"
+# With the default requirements: what is installed after them without its
+# dependencies (tf-keras; the file says why).
+NO_DEPS_REQUIREMENTS = PROJECT_ROOT / "trainer" / "requirements-no-deps.txt"
 CONSTRAINTS = PROJECT_ROOT / "constraints.txt"
 MARKER_VERSION = "1"  # bump when the meaning of the fingerprint changes
 # A first install of TensorFlow from PyPI on a small VM takes minutes.
@@ -72,6 +80,9 @@ class InstallPlan:
     # The node image's own TensorFlow (a Deep Learning VM image) is the pinned
     # version: the venv sees it (--system-site-packages) and pip skips it.
     system_tf: bool = False
+    # Requirements installed after the others with `pip install --no-deps`
+    # (trainer/requirements-no-deps.txt, with the default requirements).
+    no_deps: str = ""
 
     @property
     def fingerprint(self) -> str:
@@ -88,6 +99,8 @@ class InstallPlan:
             data["constraints"] = self.constraints
         if self.system_tf:  # only then: existing markers (BAKE_VENV images) stay valid
             data["system_tf"] = True
+        if self.no_deps:
+            data["no_deps"] = self.no_deps
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra import commands, facts
+from infra import commands, facts, failure, readiness
 from infra.errors import (
     HostKeyChanged,
     Interrupted,
@@ -40,16 +40,12 @@ from infra.errors import (
 from infra.job_spec import JobRecord, JobSpec
 from infra.progress import StartupClock
 from infra.protocol import ProgressEvent, parse_line
+from infra.readiness import Waiting, ready_wait
 from infra.text import node_text
 from infra.tfconfig import TaskSpec, tf_config_json
 from infra.transport import CommandResult, Transport
 
 log = logging.getLogger("tfcluster")
-
-# Lines of a failed task's log shown with the error.
-FAILURE_LINES = 15
-# Seconds of one readiness poll: how late a death on another node is seen.
-READY_POLL_S = 5.0
 
 
 def shielded(report: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -83,7 +79,8 @@ class Job:
         workdir: Path | None = None,
         on_event: Callable[[ProgressEvent], None] = lambda e: None,
         on_log: Callable[[str], None] = lambda line: None,
-        ready_timeout: float = 240.0,
+        on_waiting: Callable[[list[Waiting]], None] = lambda waiting: None,
+        ready_timeout: float | None = None,
         clock: StartupClock | None = None,
     ) -> None:
         self.transport = transport
@@ -96,6 +93,11 @@ class Job:
         self.workdir = workdir
         self.on_event = on_event
         self.on_log = on_log
+        # The tasks not listening yet, after each readiness poll (then [],
+        # once none is waited for): a front end's live line per task.
+        self.on_waiting = on_waiting
+        # None: TFCLUSTER_READY_WAIT, read when the job waits (a job only
+        # attached to, for `status` or `cancel`, never reads it).
         self.ready_timeout = ready_timeout
         chiefs = [t for t in self.tasks if t.type == "chief"]
         if len(chiefs) != 1:
@@ -105,8 +107,10 @@ class Job:
         self.summary: dict[str, Any] | None = None
         # The tasks this job started: the only ones it may stop.
         self.started: list[TaskSpec] = []
-        # After run(): the last log lines of the tasks that failed.
+        # After run(): the last log lines of the tasks that failed, and the
+        # tasks other than the chief that failed, with their exit codes.
         self.failure: list[str] = []
+        self.failed_others: list[tuple[TaskSpec, int]] = []
         # Once the chief ended (watch): its exit code, -1 when it left none;
         # set before the fetch, which may still fail.
         self.exit_code: int | None = None
@@ -136,6 +140,8 @@ class Job:
         A task that dies before it listens ends the job either way.
         Whatever goes wrong (Ctrl-C too), what this job started is stopped."""
         others = [t for t in self.tasks if t is not self.chief]
+        if self.ready_timeout is None:  # a bad TFCLUSTER_READY_WAIT: before any start
+            self.ready_timeout = ready_wait()
         try:
             if self.spec.program.chief_waits:
                 self._start([*others, self.chief])
@@ -236,68 +242,8 @@ class Job:
         return "(\n" + script + "\n)"
 
     def _wait_ready(self, tasks: Sequence[TaskSpec]) -> None:
-        """Wait until every task listens on its port. Polled in short slices
-        on all nodes at once, so that a task that dies on one node ends the
-        wait everywhere at once instead of after the whole timeout."""
-        if not tasks:
-            return
-        deadline = time.monotonic() + self.ready_timeout
-        pending = list(tasks)
-        states: dict[str, str] = {}
-        while pending:
-            by_node: dict[str, dict[str, int]] = defaultdict(dict)
-            for task in pending:
-                by_node[task.node][task.name] = task.port
-            poll = max(1.0, min(READY_POLL_S, deadline - time.monotonic()))
-            scripts = {
-                node: commands.wait_ports(self.transport.layout(node), ports, poll)
-                for node, ports in by_node.items()
-            }
-            try:
-                results = self.transport.run_all(scripts, timeout=poll + 30, in_task_network=True)
-            except RemoteError:
-                self.stop(self.started)
-                raise
-            for result in results.values():
-                states.update(facts.parse_readiness(result.stdout))
-            pending = [t for t in pending if states.get(t.name) == "timeout"]
-            if any(states.get(t.name) not in ("ready", "timeout") for t in tasks):
-                break  # dead (or unreadable): the job cannot start
-            if time.monotonic() >= deadline:
-                break
-        problems: list[str] = []
-        dead: list[TaskSpec] = []
-        for task in sorted(tasks, key=lambda t: (t.node, t.name)):
-            if states.get(task.name) == "dead":
-                dead.append(task)
-        for task in sorted(tasks, key=lambda t: (t.node, t.name)):
-            state = states.get(task.name, "unknown")
-            # Once a task died, the others' wait was cut short: only the
-            # dead ones are the cause.
-            if state != "ready" and (state == "dead" or not dead):
-                problems.append(f"{task.name} on {task.node} {self._why(state)}")
-        if problems:
-            try:
-                codes = self.status()
-                details = self.failure_details(dead)
-            finally:  # a changed host key (raised) must not leave tasks running
-                self.stop(self.started)
-            exits = [s.exit_code for t in dead if (s := codes.get(t.name)) and s.exit_code]
-            exit_code = exits[0] if exits else None
-            raise JobFailed(
-                "; ".join(problems)
-                + (f" (exit code {exit_code})" if exit_code is not None else ""),
-                exit_code=exit_code or 9,
-                hint="`deploy.py logs` shows why the tasks did not come up",
-                details=details,
-            )
-
-    def _why(self, state: str) -> str:
-        if state == "dead":
-            return "exited before it listened on its port"
-        if state == "timeout":
-            return f"did not listen on its port within {self.ready_timeout:.0f} s"
-        return "did not report"
+        """Wait until every task listens on its port (infra/readiness.py)."""
+        readiness.wait_ready(self, tasks)
 
     # -- watch -------------------------------------------------------------------
 
@@ -370,7 +316,8 @@ class Job:
         return [t for t in self.tasks if (s := alive.get(t.name)) is not None and s.alive]
 
     def failure_details(self, tasks: Sequence[TaskSpec]) -> list[str]:
-        """The last lines of these tasks' logs, ``node/task | line``."""
+        """What these tasks' logs end with, ``node/task | line``: the last
+        traceback's exception, long values cut (infra/failure.py)."""
         lines: list[str] = []
         changed: HostKeyChanged | None = None
         for task in tasks:
@@ -378,7 +325,7 @@ class Job:
                 result = self.transport.run(
                     task.node,
                     commands.task_log_tail(
-                        self.transport.layout(task.node), task.name, FAILURE_LINES
+                        self.transport.layout(task.node), task.name, failure.READ_LINES
                     ),
                     timeout=30,
                 )
@@ -389,19 +336,24 @@ class Job:
                 continue
             lines += [
                 f"{task.node}/{task.name} | {node_text(line)}"
-                for line in result.stdout.splitlines()
+                for line in failure.condense(result.stdout.split("\n"))
             ]
         if changed is not None:
             raise changed
         return lines
 
     def failed_tasks(self) -> list[TaskSpec]:
-        """The chief and every other task that ended with a non-zero code."""
+        """The chief and every other task that ended with a non-zero code;
+        the others' codes are kept in ``failed_others`` (a dead worker is
+        most often why the chief failed)."""
         states = self.status()
         failed = [
             t
             for t in self.tasks
             if (s := states.get(t.name)) and not s.alive and s.exit_code not in (0, None)
+        ]
+        self.failed_others = [
+            (t, code) for t in failed if t is not self.chief and (code := states[t.name].exit_code)
         ]
         return sorted(failed, key=lambda t: t is not self.chief)
 
@@ -465,6 +417,7 @@ class Job:
         try:
             code = self.follow()
         except KeyboardInterrupt:
+            self.exit_code = Interrupted.exit_code  # recorded: 130, as a shell says it
             self.stop()
             raise Interrupted(
                 "interrupted: every task of the job was stopped",

@@ -93,6 +93,9 @@ class JobSpec:
     model: str | None = None
     mode: str | None = None
     resume: bool = False
+    # What the user should know of how it runs (a front end shows them at
+    # launch): the Keras its tf.keras was given, say.
+    notes: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:

@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.errors import JobFailed
+from infra.failure import strategy_hint
 from infra.job import Job
 from infra.job_spec import JobSpec
 from infra.progress import ProgressEvent
+from infra.readiness import Waiting
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster
@@ -50,6 +52,11 @@ class JobReporter:
 
     def log(self, line: str) -> None:
         """A line of the chief's output that is not a progress event."""
+
+    def waiting(self, tasks: list[Waiting]) -> None:
+        """While the job starts, after each readiness poll: the tasks that
+        do not listen on their ports yet, with their output so far ([]
+        once none is waited for)."""
 
     def note(self, line: str) -> None:
         """A line of tfcluster's own while the job runs (a recovery)."""
@@ -90,10 +97,15 @@ class JobResult:
             if code > 0
             else "the chief ended without an exit code (cancelled, killed, or its node lost)"
         )
+        # The other tasks that failed, with their own codes: a worker that
+        # died is most often why the chief failed.
+        why += "".join(
+            f"; {t.name} on {t.node} exited with code {c}" for t, c in self.job.failed_others
+        )
         raise JobFailed(
             why + (f" (results so far in {self.destination})" if self.destination.exists() else ""),
             exit_code=code,
-            hint="`deploy.py logs` shows every task's log",
+            hint=strategy_hint(self.job.failure) or "`deploy.py logs` shows every task's log",
             details=self.job.failure,
         )
 
@@ -116,7 +128,10 @@ def run_job(
     failed job is a result, not an error: ``JobResult.check`` raises it."""
     reporter = reporter or JobReporter()
     destination = cluster.local_run_dir(spec.run_id, dest)
-    job = cluster.launch(spec, workdir=workdir, on_event=reporter.event, on_log=reporter.log)
+    job = cluster.launch(
+        spec, workdir=workdir, on_event=reporter.event, on_log=reporter.log,
+        on_waiting=reporter.waiting,
+    )  # fmt: skip
     reporter.launched(job)
     if detach:
         return JobResult(spec, job, destination, exit_code=None)

@@ -141,9 +141,7 @@ def wait_running(provider: NodeProvider, names: Sequence[str], *, timeout: float
 def apply_stop(provider: NodeProvider, existing: Sequence[Node]) -> list[str]:
     """Stop the running nodes; returns their names (empty: nothing to do)."""
     if not provider.can_stop():
-        raise StateError(
-            f"provider {provider.kind} cannot stop its nodes (they are not ours to stop)"
-        )
+        raise StateError(provider.cannot_stop())
     names = [n.name for n in existing if n.state in (NodeState.RUNNING, NodeState.PENDING)]
     if names:
         provider.stop_nodes(names)

@@ -41,6 +41,7 @@ from infra.fanout import fan_out
 from infra.install import (
     CONSTRAINTS,
     DEFAULT_REQUIREMENTS,
+    NO_DEPS_REQUIREMENTS,
     InstallPlan,
     gpu_requirements,
     install_user_requirements,
@@ -86,6 +87,7 @@ def install_plan(config: ClusterConfig) -> InstallPlan:
     # only, as a user's own list may pin other versions.
     default = requirements == (PROJECT_ROOT / DEFAULT_REQUIREMENTS).resolve()
     constraints = CONSTRAINTS.read_text() if default and CONSTRAINTS.is_file() else ""
+    no_deps = NO_DEPS_REQUIREMENTS.read_text() if default else ""
     gpu = expected_gpus(config) > 0
     wheelhouse = None
     wheels = None
@@ -107,6 +109,7 @@ def install_plan(config: ClusterConfig) -> InstallPlan:
         gpu=gpu,
         wheelhouse=wheelhouse,
         constraints=constraints,
+        no_deps=no_deps,
     )
 
 

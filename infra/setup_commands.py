@@ -140,7 +140,21 @@ def _pip_lines(
             ]
         ),
         f"{pip} install -q {source} -r {reqs} -c {cons}".replace("  ", " "),
+        *_no_deps_lines(layout, plan, pip, source),
         "say pip installed",
+    ]
+
+
+def _no_deps_lines(layout: NodeLayout, plan: InstallPlan, pip: str, source: str) -> list[str]:
+    """The plan's requirements that go in without their dependencies
+    (tf-keras: its metadata asks for the `tensorflow` wheel, whose module
+    the venv already has from tensorflow-cpu or tensorflow[and-cuda])."""
+    if not plan.no_deps:
+        return []
+    file = rpath(f"{layout.root}/requirements-no-deps.txt")
+    return [
+        f"printf '%s\\n' {shlex.quote(plan.no_deps.rstrip(chr(10)))} > {file}",
+        f"{pip} install -q --no-deps {source} -r {file}".replace("  ", " "),
     ]
 
 

@@ -335,6 +335,7 @@ class Sweep:
         for trial in self.trials:
             if trial.state == "queued":
                 trial.state, trial.note = "stopped", "never started (Ctrl-C)"
+                self.on_change(trial)  # a table of the trials lists it too
         self.ended = utc_now()
         self.write()
 

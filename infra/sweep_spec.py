@@ -24,7 +24,9 @@ from infra.errors import ConfigError
 
 # A parameter's name: a placeholder `{name}` and, upper-cased, a variable.
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# `${NAME}` is the shell's reference to a variable (the trial's, as the
+# README says to write it in `bash -c`), never a placeholder.
+_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # The argument after `-c` of these is shell text: what a placeholder puts
 # there is shell-quoted.
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})

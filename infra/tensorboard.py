@@ -7,7 +7,8 @@ so ``stop_tasks`` finds and stops it), with its log and pid file in a folder
 of its own (``<root>/tensorboard``): a job's start and ``deploy.py logs``
 never see it. It listens on the node's 127.0.0.1 only, on a port it picks
 (``--port 0``) and prints in its log (``facts.tensorboard_port``): nothing
-on the node's network can reach it. This machine reaches it through the
+on the node's network can reach it. Where the node is this machine (local
+processes), it listens on the port wanted here instead. This machine reaches it through the
 transport's ``forward`` (SSH: a local port tunnelled to the node; local
 processes: the port itself). Closing stops the task.
 """
@@ -54,15 +55,16 @@ class TensorBoardTask:
         self.logdir = logdir
         self.layout = board_layout(transport.layout(node))
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> int:
-        """Start TensorBoard (one left from an earlier run is stopped
-        first) and wait until it says its port; returns the port."""
+    def start(self, timeout: float = START_TIMEOUT_S, port: int = 0) -> int:
+        """Start TensorBoard on ``port`` (0: one it picks; one left from an
+        earlier run is stopped first) and wait until it says its port;
+        returns the port."""
         self.stop()
         argv = [
             "python", "-m", "tensorboard.main",
             "--logdir", self.logdir,
             "--host", "127.0.0.1",
-            "--port", "0",
+            "--port", str(int(port)),
         ]  # fmt: skip
         result = self.transport.run(
             self.node, commands.start_task(self.layout, TASK, argv, env={})
@@ -72,9 +74,9 @@ class TensorBoardTask:
         deadline = time.monotonic() + timeout
         while True:
             log = self.log()
-            port = facts.tensorboard_port(log)
-            if port is not None:
-                return port
+            said = facts.tensorboard_port(log)
+            if said is not None:
+                return said
             if not self.alive():
                 last = " | ".join(log.strip().splitlines()[-3:]) or "no output"
                 hint = None
@@ -110,7 +112,9 @@ def serve(transport: Transport, node: str, logdir: str, local_port: int) -> Iter
     the ``with`` lasts (``Board.url``); stopped when it ends, Ctrl-C too."""
     task = TensorBoardTask(transport, node, logdir)
     try:
-        port = task.start()
+        # Where the node is this machine, TensorBoard itself listens on the
+        # port wanted here: no tunnel would honour it otherwise.
+        port = task.start(port=local_port if transport.ports_are_here else 0)
         with transport.forward(node, port, local_port) as here:
             yield Board(node, logdir, port, url=f"http://127.0.0.1:{here}/")
     finally:

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import RemoteError
+from infra.errors import ConfigError, RemoteError
 from infra.fanout import fan_out
 
 
@@ -72,6 +72,19 @@ def free_local_port(wanted: int = 0) -> int:
     raise RemoteError("no free local port")
 
 
+def wanted_local_port(port: int, *, exact: bool) -> int:
+    """The port here a tunnel (or a local server) is to use: ``port`` when
+    it is free; a taken one is refused when it was asked for by name
+    (``exact``: `--port 6123`) and replaced by any free one otherwise (the
+    default 6006, taken by another TensorBoard); 0 is any free port."""
+    if exact and port and free_local_port(port) != port:
+        raise ConfigError(
+            f"--port {port}: that port is taken on this machine; "
+            "choose another, or --port 0 for any free one"
+        )
+    return free_local_port(port)
+
+
 class Transport(ABC):
     """Runs shell commands on a cluster's nodes."""
 
@@ -79,6 +92,9 @@ class Transport(ABC):
     #: working folder must be synced to them (not for local processes,
     #: which run this machine's files where they are).
     copies_files = True
+    #: Whether a node's 127.0.0.1 is this machine's (local processes): a
+    #: server on a node then listens on the port wanted here itself.
+    ports_are_here = False
 
     def __init__(self, nodes: Sequence[str]) -> None:
         self.nodes = list(nodes)

@@ -333,6 +333,34 @@ def test_the_first_death_ends_the_wait_for_the_others(node: tuple[Path, NodeLayo
     assert facts.parse_readiness(ready.stdout) == {"ps-0": "timeout", "worker-0": "dead"}
 
 
+def test_a_task_waited_for_reports_its_complete_lines(node: tuple[Path, NodeLayout]) -> None:
+    """A task that prints and never listens: each poll gives its line count
+    and its last complete lines (facts.parse_output), for a live line of it
+    and its output as it comes; a task that is ready or dead gives none."""
+    home, layout = node
+    bash(home, start(layout, "worker-0", ["sleep:600"], {}))
+    bash(home, start(layout, "ps-0", ["exit:4"], {}))
+    log = home / layout.logs / "worker-0.log"
+    ports = {"worker-0": free_port()}
+    got = facts.parse_output(bash(home, commands.wait_ports(layout, ports, timeout=1)).stdout)
+    assert got == {"worker-0": (1, ["hello from sleep"])}
+    with log.open("a") as f:
+        f.write("".join(f"line {i}\n" for i in range(30)) + "half a line")
+    polled = bash(home, commands.wait_ports(layout, {**ports, "ps-0": free_port()}, timeout=1))
+    assert facts.parse_readiness(polled.stdout)["ps-0"] == "dead"
+    count, lines = facts.parse_output(polled.stdout)["worker-0"]
+    assert count == 31 and len(lines) == commands.OUTPUT_LINES
+    assert lines[-1] == "line 29" and lines[0] == f"line {30 - commands.OUTPUT_LINES}"
+    bash(home, commands.stop_tasks(layout, ["worker-0"], grace=5))
+
+
+def test_output_lines_are_data() -> None:
+    got = facts.parse_output(
+        "lines worker-0 2\n@log worker-0 \x1b[2Jhi\n@log worker-0 \n@log ps-0 x\nlines ps-0 ²\n"
+    )
+    assert got == {"worker-0": (2, ["hi", ""])}
+
+
 def test_node_numbers_python_cannot_read_are_unknown() -> None:
     # str.isdigit() takes "²" and "١", int() refuses them: a crash once.
     assert facts.parse_exit_marker(facts.EXIT_MARKER + "²") is None

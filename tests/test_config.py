@@ -42,7 +42,6 @@ def test_shipped_configs_are_valid() -> None:
         ({"name": "x", "provider": "gcp"}, "provider: 'gcp' is not allowed"),
         ({"name": "x", "roles": {"worker": ["pc-9"]}}, "roles.worker: 'pc-9' is not one of the nodes"),
         ({"name": "x", "roles": {"ps": "pc-2"}}, "roles.ps: pc-2 is both ps and worker"),
-        ({"name": "x", "roles": {"ps": []}}, "job.mode: async mode needs a ps node"),
         ({"name": "x", "roles": {"chief": ["pc-1", "pc-2"]}}, "roles.chief: name exactly one chief"),
         ({"name": "x", "ports": {"ps": 80}}, "ports.ps: 80"),
         ({"name": "x", "ports": {"ps": 70000}}, "ports.ps: 70000"),
@@ -69,6 +68,26 @@ def test_sync_mode_needs_no_ps() -> None:
         {"name": "x", "roles": {"ps": []}, "job": {"mode": "sync"}}, source="c.yaml"
     )
     assert config.roles.ps == []
+
+
+@pytest.mark.parametrize("roles", [{"ps": []}, {"chief": "pc-1", "worker": ["pc-2", "pc-3"]}])
+def test_roles_without_a_ps_have_none_whatever_job_mode_says(roles: dict[str, object]) -> None:
+    """roles: naming no ps means no ps task (run, status); the async
+    default of job.mode is `train`'s to refuse, in one line."""
+    from infra.cluster import Cluster
+
+    config = parse_config({"name": "x", "roles": roles}, source="c.yaml")
+    assert config.roles.ps == [] and config.job.mode == "async"
+    assert config.roles_of("pc-1") == ["chief"]
+    cluster = Cluster(config)
+    assert "ps" not in cluster.run_spec(["python", "x.py"]).program.task_types
+    with pytest.raises(ConfigError, match=r"^c.yaml: roles: async mode needs a ps node; ") as info:
+        cluster.train_spec()
+    assert info.value.exit_code == 2
+    assert cluster.train_spec(mode="sync").program.task_types == ("chief", "worker")
+    # Left out, roles are the defaults, a ps on pc-1 included.
+    assert parse_config({"name": "x"}, source="c.yaml").roles.ps == ["pc-1"]
+    assert parse_config({"name": "x", "roles": None}, source="c.yaml").roles.ps == ["pc-1"]
 
 
 def test_host_shorthand() -> None:

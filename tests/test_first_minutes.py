@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ from infra.cluster import Cluster
 from infra.config import parse_config
 from infra.facts import tensorboard_port
 from infra.report import compute_rows, load_runs, plot_figure
-from infra.transport import free_local_port
+from infra.transport import free_local_port, wanted_local_port
 from tests.fake_gce import FakeGce
 from tests.procs import processes_in
 
@@ -351,9 +352,10 @@ def _tensorboards(home: Path) -> list[int]:
 
 
 def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path, tfcluster_home: Path) -> None:
-    """`deploy.py tensorboard` as a user runs it: a real process, the URL
-    it prints answers HTTP with the job's run folder, Ctrl-C (SIGINT)
-    closes it (exit 0) and no TensorBoard is left running."""
+    """`deploy.py tensorboard` as a user runs it: a real process on the
+    port asked for, the URL it prints answers HTTP with the job's run
+    folder, Ctrl-C (SIGINT) closes it (exit 130) and no TensorBoard is
+    left running."""
     pytest.importorskip("tensorboard", reason="tensorboard (trainer/requirements.txt) not installed")
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -364,8 +366,9 @@ def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path, tfcluster
     assert code == 0, out
     run_id = out.split("job ", 1)[1].split(":", 1)[0]  # after the start-up lines
     before = set(_tensorboards(tfcluster_home))
+    port = free_local_port()
     proc = subprocess.Popen(
-        [sys.executable, "deploy.py", "tensorboard", "--port", "0"],
+        [sys.executable, "deploy.py", "tensorboard", "--port", str(port)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
@@ -383,6 +386,7 @@ def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path, tfcluster
             with contextlib.suppress(queue.Empty):
                 seen.append(lines.get(timeout=1))
         url = seen[-1].split(" at ", 1)[1].split()[0]
+        assert url == f"http://127.0.0.1:{port}/", url  # the port asked for, not one of TB's
         with urllib.request.urlopen(url + "data/logdir", timeout=30) as answer:
             logdir = json.loads(answer.read())["logdir"]
         assert logdir.endswith(f"runs/{run_id}"), logdir
@@ -391,8 +395,22 @@ def test_tensorboard_answers_http_on_the_local_cluster(tmp_path: Path, tfcluster
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
     rest = "".join(seen) + "".join(lines.get() for _ in range(lines.qsize()))
-    assert code == 0 and "closed TensorBoard" in rest, rest
+    assert code == 130 and "closed TensorBoard" in rest, rest
     assert not set(_tensorboards(tfcluster_home)) - before
+
+
+def test_a_tensorboard_port_asked_for_and_taken_is_refused_in_one_line() -> None:
+    """Before anything starts (exit 2); the default 6006 taken is any free port instead."""
+    assert run("up")[0] == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out = run("tensorboard", "--port", str(port))
+        assert code == 2 and out.count("\n") == 1, out
+        assert f"--port {port}: that port is taken on this machine" in out, out
+        assert wanted_local_port(port, exact=False) != port
+        assert wanted_local_port(0, exact=True) > 0
 
 
 # -- dependencies: ranges for the operator, exact pins as constraints --------------------------

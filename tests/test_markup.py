@@ -121,15 +121,14 @@ def test_config_errors_show_names_literally(tmp_path: Path, hostile: str) -> Non
     # "[/x]" is read as a bracketed IPv6 address "/x": the message names that.
     assert code == 2 and hostile.strip("[]") in out and "Traceback" not in out
     code, out = invoke("logs", hostile)  # a node name on the command line
-    assert code == 3 and f"error: {hostile} is not a node of local" in out
+    assert code == 2 and f"error: {hostile} is not a node of local" in out
 
 
 @pytest.mark.parametrize("hostile", MARKUP)
 def test_an_unknown_node_is_the_same_error_for_every_command(hostile: str) -> None:
-    """`exec --node NAME` (and `forget-host NAME`) exited 2 where `logs NAME`
-    and `ssh NAME` exit 3 for the same name: a node the cluster has not is
-    its state, whichever command names it; and the name is printed as it
-    was typed."""
+    """One error for a node the cluster has not, whichever command names it:
+    a bad argument, exit 2 (it was 3 for `logs NAME`, 2 for `exec --node`
+    once); and the name is printed as it was typed."""
     line = f"error: {hostile} is not a node of local (pc-1, pc-2, pc-3)"
     for args in (
         ["exec", "--node", hostile, "--", "true"],
@@ -138,7 +137,7 @@ def test_an_unknown_node_is_the_same_error_for_every_command(hostile: str) -> No
         ["forget-host", hostile],
     ):
         code, out = invoke(*args)
-        assert (code, out.strip()) == (3, line), args
+        assert (code, out.strip()) == (2, line), args
 
 
 def test_error_printer_shows_markup_and_no_controls(capsys: pytest.CaptureFixture[str]) -> None:

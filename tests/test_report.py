@@ -169,3 +169,20 @@ def test_names_in_the_plot_are_not_mathtext(tmp_path: Path) -> None:
         fig = plot_figure(load_runs(_hostile_runs(tmp_path)))
         texts = [t for t in fig.findobj(Text) if MATH in t.get_text()]
         assert texts and not any(t._preprocess_math(t.get_text())[1] for t in texts)
+def test_report_puts_its_plot_beside_the_runs_not_in_the_current_folder(
+    runs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One run: into its folder; several of one folder: into that folder."""
+    from click.testing import CliRunner
+
+    from deploy import cli
+
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = CliRunner().invoke(cli, ["report", str(runs[0])])
+    assert result.exit_code == 0, result.output
+    assert (runs[0] / "report.png").is_file() and f"plot: {runs[0] / 'report.png'}" in result.output
+    result = CliRunner().invoke(cli, ["report", str(runs[0]), str(runs[1])])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report.png").is_file() and not list(here.iterdir())

@@ -87,6 +87,65 @@ def test_collective_example_without_ps(workdir: Path, tmp_path: Path) -> None:
     assert got["accuracy"] > 0.9, got
 
 
+def test_a_collective_program_given_a_ps_is_told_to_start_without_one(workdir: Path) -> None:
+    """The ps task of a MultiWorkerMirroredStrategy program dies before it
+    listens: the error shows its exception and says what to change."""
+    code, out = deploy("run", "--workdir", str(workdir),
+                       "--", "python", "collective_program.py", "--steps", "5")  # fmt: skip
+    assert code == 1, out
+    assert "ps-0 on pc-1 exited before it listened on its port (exit code 1)" in out
+    assert "pc-1/ps-0 | ValueError: There is no id for task_type 'ps'" in out
+    assert "hint: a collective program (MultiWorkerMirroredStrategy) takes no ps task: " in out
+
+
+def test_keras_fit_under_multi_worker_mirrored_strategy(workdir: Path, tmp_path: Path) -> None:
+    """TensorFlow's multi-worker tutorial as written (tf.keras, the
+    strategy, model.fit), with no flag: it gets Keras 2 as tf.keras."""
+    dest = tmp_path / "results"
+    code, out = deploy(
+        "run", "--no-ps", "--workdir", str(workdir), "--dest", str(dest),
+        "--", "python", "keras_fit_collective.py", "--epochs", "2", "--steps-per-epoch", "10",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "tf.keras is Keras 2 (tf-keras) for this job: keras_fit_collective.py" in out
+    got = result(dest)
+    assert got["keras"] == "tf_keras" and got["replicas"] == 3
+    assert got["accuracy"] > 0.9, got
+
+
+def test_keras_fit_under_parameter_server_strategy(workdir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "results"
+    code, out = deploy(
+        "run", "--workdir", str(workdir), "--dest", str(dest),
+        "--", "python", "keras_fit_ps.py", "--epochs", "2", "--steps-per-epoch", "20",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "ps-0@pc-1" in out
+    got = result(dest)
+    assert got["keras"] == "tf_keras" and got["ps"] == 1
+    assert got["accuracy"] > 0.3, got  # four classes: chance is 0.25
+
+
+def test_tf_keras_programs_get_keras_2_and_keras_programs_keep_keras_3(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """Decided from the main file's text, before anything starts; a
+    TF_USE_LEGACY_KERAS of the user's own is left as it is."""
+    run_stand_in = "import runpy\nrunpy.run_path('stand_in.py', run_name='__main__')\n"
+    (workdir / "k2.py").write_text("import tensorflow as tf  # tf.keras.Sequential\n" + run_stand_in)
+    (workdir / "k3.py").write_text("import keras  # and tf.keras\n" + run_stand_in)
+    for program, env, want in [
+        ("k2.py", [], "1"), ("k3.py", [], None), ("k2.py", ["--env", "TF_USE_LEGACY_KERAS=0"], "0"),
+    ]:  # fmt: skip
+        dest = tmp_path / f"results-{program}-{len(env)}"
+        code, out = deploy("run", "--workdir", str(workdir), "--dest", str(dest), *env,
+                           "--", "python", program)  # fmt: skip
+        assert code == 0, out
+        (run_dir,) = list(dest.iterdir())
+        assert json.loads((run_dir / "chief-0.json").read_text())["legacy_keras"] == want
+        assert ("tf.keras is Keras 2" in out) == (want == "1" and not env), out
+
+
 # -- the contract, with a stand-in program ---------------------------------------------
 
 
@@ -286,6 +345,9 @@ def test_ctrl_c_stops_every_task(workdir: Path, tfcluster_home: Path) -> None:
         proc.kill()
     assert proc.returncode == 130, out
     assert "interrupted" in out and "Traceback" not in out
+    # Recorded as a shell says a Ctrl-C, not as a chief without a code (-1).
+    code, out = deploy("status")
+    assert code == 0 and "(exit code 130: interrupted or cancelled)" in out, out
 
 
 def test_exec_runs_in_the_working_folder_on_every_node(workdir: Path) -> None:
@@ -303,4 +365,4 @@ def test_exec_runs_in_the_working_folder_on_every_node(workdir: Path) -> None:
     assert "error: failed on 1 of 1 node(s): pc-2 exit 3" in out
 
     code, out = deploy("exec", "--workdir", str(workdir), "--node", "pc-9", "--", "true")
-    assert code == 3 and "pc-9 is not a node of local" in out
+    assert code == 2 and "pc-9 is not a node of local" in out

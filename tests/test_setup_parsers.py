@@ -331,6 +331,37 @@ def test_requirements_text_stays_data(tmp_path: Path, tail: str) -> None:
     assert parse_install(done.stdout).done
 
 
+def test_tf_keras_goes_in_after_the_requirements_without_dependencies(tmp_path: Path) -> None:
+    """The default plan's tf-keras, pinned to the TensorFlow it pins, is
+    installed by a second pip call with --no-deps (its metadata asks for
+    the `tensorflow` wheel: 600 MB beside tensorflow-cpu's same module)."""
+    plan = install_plan(parse_config({"name": "c"}, source="c.yaml"))
+    tf = plan.tensorflow
+    assert tf is not None and f"tf-keras=={tf}\n" in plan.no_deps
+    assert "tf-keras" not in plan.requirements and "tf_keras==" + tf in plan.constraints
+    root = tmp_path / "node"
+    calls = tmp_path / "pip-calls"
+    python = root / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit 0\n')
+    python.chmod(0o755)
+    layout = NodeLayout(root=str(root), code=f"{root}/code", python=str(python),
+                        runs=f"{root}/runs", logs=f"{root}/logs")  # fmt: skip
+    done = subprocess.run(["bash", "-c", install_command(layout, plan, None)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    installs = [c for c in calls.read_text().splitlines() if " install " in c]
+    assert len(installs) == 2, installs
+    assert "--no-deps" not in installs[0] and f"-r {root}/requirements.txt" in installs[0]
+    assert "--no-deps" in installs[1] and f"-r {root}/requirements-no-deps.txt" in installs[1]
+    assert (root / "requirements-no-deps.txt").read_text() == plan.no_deps.rstrip("\n") + "\n"
+    # A user's own requirements get none of it.
+    own = tmp_path / "reqs.txt"
+    own.write_text("numpy\n")
+    mine = parse_config({"name": "c", "setup": {"requirements": str(own)}}, source="c.yaml")
+    assert install_plan(mine).no_deps == ""
+
+
 def test_hostile_setup_python_is_not_run(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     python = f"python3'; touch {canary}; '"

@@ -240,6 +240,9 @@ def test_ctrl_c_stops_every_trial(project: Path, tmp_path: Path, sig: signal.Sig
     assert "every running trial was stopped" in out
     _, data = sweep_folder(tmp_path / "results")
     assert [t["state"] for t in data["trials"]] == ["stopped"] * 3
+    # The table at the end lists every trial, the one still queued too.
+    assert "stopped: never started (Ctrl-C)" in out, out
+    assert out.count("stopped: stopped by Ctrl-C") == 2, out
     assert not processes_in(project)
 
 

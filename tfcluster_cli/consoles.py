@@ -9,7 +9,9 @@ commands print to the same objects, imported by name.
 from __future__ import annotations
 
 import logging
+import sys
 
+import click
 from rich.console import Console, ConsoleDimensions
 from rich.logging import RichHandler
 
@@ -46,9 +48,26 @@ err_console = _Console(stderr=True, highlight=False, emoji=False)
 log_console = Console(stderr=True, highlight=False, emoji=False)
 
 
+def as_invoked(text: str) -> str:
+    """``text`` with the commands it suggests (`` `deploy.py logs` ``) named
+    as the user typed the program: `` `tfcluster logs` `` when run as
+    ``tfcluster`` (the library's messages say ``deploy.py``)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.find_root().info_name != "tfcluster":
+        return text  # deploy.py (or click's `cli` in tests): as written
+    return text.replace("`deploy.py ", "`tfcluster ").replace("`deploy.py`", "`tfcluster`")
+
+
 def setup_logging(verbose: bool) -> None:
     logger = logging.getLogger("tfcluster")
-    handler = RichHandler(console=log_console, show_time=False, show_path=False, markup=False)
+    handler: logging.Handler
+    if log_console.is_terminal:
+        handler = RichHandler(console=log_console, show_time=False, show_path=False, markup=False)
+    else:
+        # Piped, redirected or in CI: one whole line per record, as every
+        # other line (rich's grid would wrap it at 80 columns).
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
     handler.addFilter(clean_record)
     logger.handlers[:] = [handler]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
@@ -58,5 +77,5 @@ def setup_logging(verbose: bool) -> None:
 def clean_record(record: logging.LogRecord) -> bool:
     """Warnings quote node errors (a failed fetch, an unreachable node):
     no terminal control of theirs reaches the terminal."""
-    record.msg, record.args = node_text(record.getMessage()), None
+    record.msg, record.args = as_invoked(node_text(record.getMessage())), None
     return True

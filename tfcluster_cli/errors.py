@@ -28,13 +28,16 @@ def fail(exc: TfclusterError) -> None:
         )
     # Messages carry names from configs and nodes: data, never markup, and
     # a node's stderr in them must not drive the terminal.
-    consoles.err_console.print(
-        f"error: {node_text(str(exc))}", style="red", markup=False, soft_wrap=True
-    )
+    for line in [str(exc), *getattr(exc, "more", ())]:
+        consoles.err_console.print(
+            f"error: {consoles.as_invoked(node_text(line))}",
+            style="red", markup=False, soft_wrap=True,
+        )  # fmt: skip
     if exc.hint:
         consoles.err_console.print(
-            f"hint: {node_text(exc.hint)}", style="dim", markup=False, soft_wrap=True
-        )
+            f"hint: {consoles.as_invoked(node_text(exc.hint))}",
+            style="dim", markup=False, soft_wrap=True,
+        )  # fmt: skip
     raise click.exceptions.Exit(exc.exit_code)
 
 

@@ -95,3 +95,12 @@ def env_option(pairs: tuple[str, ...]) -> dict[str, str]:
             raise ConfigError(f"--env {pair[:60]!r}: write KEY=VALUE")
         env[key] = value
     return env
+
+
+# `run` and `exec`: what infra/tf_noise.py leaves out is shown too.
+raw_option = click.option(
+    "--raw",
+    is_flag=True,
+    help="Show TensorFlow's load-time log too (oneDNN, CPU features, CUDA not found: "
+    "left out by default).",
+)

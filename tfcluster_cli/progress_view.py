@@ -22,7 +22,9 @@ from infra.job import Job
 from infra.jobrun import JobReporter
 from infra.progress import describe, metrics_text, number
 from infra.protocol import ProgressEvent, parse_line
+from infra.readiness import Waiting
 from infra.text import node_text
+from infra.tf_noise import is_tf_noise
 from tfcluster_cli import consoles
 from tfcluster_cli.errors import write_debug_log
 from tfcluster_cli.render import cell, params_text
@@ -43,12 +45,19 @@ class TrainView(JobReporter):
     """Renders a job's life: the job's line once launched, then the
     chief's events: a live bar on a terminal, lines otherwise."""
 
-    def __init__(self, quiet: bool, *, echo: bool = False) -> None:
+    def __init__(self, quiet: bool, *, echo: bool = False, raw: bool = False) -> None:
         self.quiet = quiet
-        # A user's program: every line of the chief's output is shown.
+        # A user's program: every line of the chief's output is shown, and
+        # the other tasks' while they start.
         self.echo = echo
+        # TensorFlow's load-time log too (infra/tf_noise.py).
+        self.raw = raw
         self.progress: Progress | None = None
         self.task_id: Any = None
+        self.start_view = StartView(echo=echo, raw=raw)
+
+    def waiting(self, tasks: list[Waiting]) -> None:
+        self.start_view.update(tasks)
 
     def launched(self, job: Job) -> None:
         consoles.console.print(
@@ -57,6 +66,8 @@ class TrainView(JobReporter):
             markup=False,
             soft_wrap=True,
         )
+        for note in job.spec.notes:
+            consoles.console.print(note, style="yellow", markup=False, soft_wrap=True)
 
     def following(self) -> TrainView:
         return self
@@ -110,6 +121,8 @@ class TrainView(JobReporter):
         self._guarded(show, lambda: line)
 
     def log(self, line: str) -> None:
+        if not self.raw and is_tf_noise(line):
+            return
         self._guarded(lambda: self._log(line), lambda: line if self.echo else None)
 
     def _log(self, line: str) -> None:
@@ -149,6 +162,66 @@ class TrainView(JobReporter):
         )
         if (text := plain()) is not None:
             consoles.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+class StartView:
+    """While a job's tasks start: a live line per task that does not listen
+    yet (its last line of output, the seconds waited) on a terminal, and
+    elsewhere a line per task every WAITING_EVERY_S seconds; with ``echo``
+    (a user's program) their output as it comes, ``node/task | line``."""
+
+    WAITING_EVERY_S = 30
+
+    def __init__(self, *, echo: bool, raw: bool) -> None:
+        self.echo = echo
+        self.raw = raw
+        self.live: Any = None
+        self.tasks: list[Waiting] = []
+        self.polled = 0.0  # time.monotonic() of the last poll
+        self.last: dict[str, str] = {}  # each task's last line shown so far
+        self.said: dict[str, int] = {}  # the WAITING_EVERY_S steps said, per task
+
+    def update(self, tasks: list[Waiting]) -> None:
+        import time
+
+        self.tasks, self.polled = tasks, time.monotonic()
+        for w in tasks:
+            for line in w.new_lines:
+                if self.raw or not is_tf_noise(line):
+                    self.last[w.task] = line
+                    if self.echo:
+                        self._print(f"{w.node}/{w.task} | {line}")
+        if not consoles.console.is_terminal:
+            for w in tasks:
+                step = int(w.seconds // self.WAITING_EVERY_S)
+                if step > self.said.get(w.task, 0):
+                    self.said[w.task] = step
+                    self._print(self._line(w, w.seconds))
+            return
+        if tasks and self.live is None:
+            from rich.live import Live
+
+            self.live = Live(self, console=consoles.console, refresh_per_second=2, transient=True)
+            self.live.start()
+        elif not tasks and self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def __rich__(self) -> Text:
+        import time
+
+        since = time.monotonic() - self.polled
+        return Text("\n".join(self._line(w, w.seconds + since) for w in self.tasks))
+
+    def _line(self, w: Waiting, seconds: float) -> str:
+        last = self.last.get(w.task)
+        said = f": {last}" if last else ": no output yet"
+        where = f"{w.task} on {w.node} to listen on port {w.port}"
+        return f"waiting for {where} ({seconds:.0f} s){said}"
+
+    def _print(self, text: str) -> None:
+        target = self.live.console if self.live is not None else consoles.console
+        target.print(node_text(text), markup=False, highlight=False, soft_wrap=True)
 
 
 class SweepView:
@@ -239,10 +312,13 @@ class ExecView:
     line at a time, whichever node's thread prints it); then the nodes where
     the command failed, as one error."""
 
-    def __init__(self) -> None:
+    def __init__(self, raw: bool = False) -> None:
         self.lock = threading.Lock()
+        self.raw = raw  # TensorFlow's load-time log too
 
     def line(self, node: str, line: str) -> None:
+        if not self.raw and is_tf_noise(line):
+            return
         with self.lock:
             consoles.console.print(
                 f"{node} | {line}", markup=False, highlight=False, soft_wrap=True
@@ -262,10 +338,13 @@ class ExecView:
 
 
 def log_printer(raw: bool) -> Callable[[str, str, str], None]:
-    """``logs``' line printer: node/task, then the line; the chief's progress
-    events as sentences unless ``raw``."""
+    """``logs``' line printer: node/task, then the line; unless ``raw``, the
+    chief's progress events as sentences and TensorFlow's load-time log
+    left out."""
 
     def show(node: str, task: str, line: str) -> None:
+        if not raw and is_tf_noise(line):
+            return
         event = None if raw else parse_line(line)
         text = line if event is None else describe(event)
         consoles.console.print(Text.assemble((f"{node}/{task}", "cyan"), " ", text), soft_wrap=True)

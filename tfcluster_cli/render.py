@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.cluster import Cluster, NodeView
+from infra.cluster_access import JobEnd
 from infra.facts import GpuReport
 from infra.jobrun import JobResult
 from infra.lifecycle import DownPlan, UpPlan
@@ -206,12 +207,32 @@ def print_status(cluster: Cluster, *, all_gpus: bool = False, ask_gpus: bool = T
         consoles.console.print(idle.text(), markup=False, soft_wrap=True)
     job = cluster.last_job()
     if job is not None:
-        state = "running or detached" if job.exit_code is None else f"exit code {job.exit_code}"
+        state = job_state(job.exit_code)
         consoles.console.print(
             f"last job: {job.run_id}: {node_text(job.label)} ({state})",
             markup=False,
             soft_wrap=True,
         )
+
+
+def print_job_end(end: JobEnd) -> None:
+    """`logs --follow`'s last line: the followed job has ended (or had)."""
+    code = "no exit code recorded" if end.exit_code is None else f"exit code {end.exit_code}"
+    what = "has ended" if end.ended_now else "had ended already"
+    consoles.console.print(
+        f"job {end.run_id} {what} ({code}): nothing more to follow", markup=False, soft_wrap=True
+    )
+
+
+def job_state(code: int | None) -> str:
+    """A recorded job's end, as `status` says it."""
+    if code is None:
+        return "running or detached"
+    if code < 0:
+        return "ended without an exit code: killed, or its node lost"
+    if code == 130:
+        return "exit code 130: interrupted or cancelled"
+    return f"exit code {code}"
 
 
 def cell(text: str, style: str = "") -> Text:
@@ -254,8 +275,10 @@ def print_job_outcome(result: JobResult) -> None:
     """What `train` and `run` say once the job ended (or, detached, started)."""
     if result.exit_code is None:
         consoles.console.print(
-            "[green]started[/]; follow with `deploy.py logs --follow`, "
-            "bring results home with `deploy.py fetch`, stop it with `deploy.py cancel`"
+            consoles.as_invoked(
+                "[green]started[/]; follow with `deploy.py logs --follow`, "
+                "bring results home with `deploy.py fetch`, stop it with `deploy.py cancel`"
+            )
         )
         return
     if result.bucket is not None:
@@ -268,7 +291,9 @@ def print_job_outcome(result: JobResult) -> None:
         consoles.console.print(f"results: {result.destination}", markup=False, soft_wrap=True)
     else:  # the fetch failed (warned): the run folder is still on the chief's node
         consoles.console.print(
-            "results: still on the chief's node; `deploy.py fetch --dest FOLDER`"
+            consoles.as_invoked(
+                "results: still on the chief's node; `deploy.py fetch --dest FOLDER`"
+            )
         )
 
 

@@ -34,7 +34,7 @@ def print_report(
     if len(run_dirs) == 1 and is_sweep(run_dirs[0]):
         print_sweep_report(Path(run_dirs[0]), plot, as_json, metric)
         return
-    plot = plot or Path("report.png")
+    plot = plot or default_plot(run_dirs)
     try:
         runs = load_runs(run_dirs)
     except ReportError as exc:
@@ -45,6 +45,18 @@ def print_report(
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
         return
     print_run_comparison(runs, rows, plot)
+
+
+def default_plot(run_dirs: tuple[str, ...]) -> Path:
+    """Where ``report`` puts its plot without --plot: into the run's folder
+    (one run), or the folder the runs share (runs/<cluster>/); the current
+    folder only for runs of different folders."""
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / "report.png"
+    if len(parents) == 1:
+        return Path(run_dirs[0]).parent / "report.png"
+    return Path("report.png")
 
 
 def print_sweep_report(folder: Path, plot: Path | None, as_json: bool, metric: str | None) -> None:

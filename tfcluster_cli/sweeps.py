@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from infra.cluster import Cluster
-from infra.errors import ConfigError, JobFailed
+from infra.errors import ConfigError, Interrupted, JobFailed
 from tfcluster_cli import consoles
 from tfcluster_cli.program import interrupted_by
 from tfcluster_cli.progress_view import SweepView
@@ -32,16 +32,21 @@ def run_with_table(
     interrupted_by(signal.SIGHUP)
     destination = cluster.local_run_dir(spec.sweep_id, dest)
     view = SweepView(spec)
-    with view:
-        sweep_run = run_sweep(
-            cluster,
-            spec,
-            per_node=per_node,
-            dest=destination,
-            workdir=workdir,
-            on_change=view.change,
-            on_ready=view.ready,
-        )
+    try:
+        with view:
+            sweep_run = run_sweep(
+                cluster,
+                spec,
+                per_node=per_node,
+                dest=destination,
+                workdir=workdir,
+                on_change=view.change,
+                on_ready=view.ready,
+            )
+    except Interrupted:
+        # Every trial, those still queued (never started) too, as it ended.
+        consoles.console.print(view.table(list(view.trials.values()), final=True))
+        raise
     consoles.console.print(view.table(sweep_run.trials, final=True))
     failed = [t for t in sweep_run.trials if t.state != "done"]
     consoles.console.print(f"results: {destination}", markup=False, soft_wrap=True)
@@ -56,8 +61,10 @@ def run_with_table(
             hint="`deploy.py logs` shows each trial's log (trial-N)",
         )
     consoles.console.print(
-        f"[green]done[/]: {len(sweep_run.trials)} trial(s); "
-        f"compare them with `deploy.py report {escape(str(destination))}`"
+        consoles.as_invoked(
+            f"[green]done[/]: {len(sweep_run.trials)} trial(s); "
+            f"compare them with `deploy.py report {escape(str(destination))}`"
+        )
     )
 
 

@@ -203,6 +203,10 @@ class NodeProvider(ABC):
         """Whether stop/start mean anything (not for existing ssh hosts)."""
         return True
 
+    def cannot_stop(self) -> str:
+        """Why ``stop`` refuses where ``can_stop`` is False, in one line."""
+        return f"provider {self.kind} cannot stop its nodes (they are not ours to stop)"
+
     def self_stop(self) -> str | None:
         """Whether a node may power itself off (autostop, infra/autostop.py):
         None when it can, and stopping saves money; otherwise why not, as

@@ -45,6 +45,7 @@ class LocalTransport(Transport):
     """Runs commands with bash on this machine, in each node's folder."""
 
     copies_files = False
+    ports_are_here = True
 
     def __init__(
         self, nodes: Sequence[str], homes: Path, network: TaskNetwork | None = None
@@ -317,6 +318,12 @@ class LocalProvider(NodeProvider):
 
     def can_stop(self) -> bool:
         return False
+
+    def cannot_stop(self) -> str:
+        return (
+            "the local cluster's nodes are folders and processes on this machine: stopping "
+            "them saves nothing (`deploy.py cancel` stops a job, `deploy.py down` removes them)"
+        )
 
     def self_stop(self) -> str | None:
         return "provider local: the nodes are processes of this machine; stopping saves nothing"

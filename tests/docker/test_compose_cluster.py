@@ -81,6 +81,14 @@ def test_up_finds_the_baked_install(deploy) -> None:
         assert f"{node}: already installed, synced" in out, out
     # Nothing to install on a fresh cluster of the baked image: seconds.
     assert elapsed < 60, f"up took {elapsed:.0f} s"
+    # tf-keras (Keras 2 for tf.keras programs) is there, at TensorFlow's
+    # version, beside tensorflow-cpu without the `tensorflow` wheel.
+    code = (
+        "import importlib.metadata as m, tf_keras, tensorflow as tf; "
+        "print(tf_keras.__version__ == tf.__version__ == m.version('tensorflow-cpu'))"
+    )
+    out = _ok(deploy("exec", "--node", "pc-2", "--", "python", "-c", code))
+    assert out.strip().splitlines()[-1] == "pc-2 | True", out
 
 
 def test_ssh_opens_a_shell_on_the_node(deploy, cluster_yaml: Path) -> None:

@@ -6,7 +6,6 @@ replica and two), and bench/gpu.py's smoke run. What needs a GPU itself
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.tf_noise import is_tf_noise
 from tests.trainer.cluster import REPO, task_env
 from trainer.flags import REQUIRE_GPU_ENV, parse_args
 
@@ -46,33 +46,10 @@ def test_gpu_flags_that_do_not_fit_exit_2(argv: list[str]) -> None:
     assert exit_info.value.code == 2
 
 
-# What TensorFlow's C++ library logs while it loads, before its logging
-# reads TF_CPP_MIN_LOG_LEVEL: absl's notice and its "I0000 00:00:... port.cc:153]
-# oneDNN custom operations are on" lines, on CPUs where oneDNN is on (seen
-# on an AMD EPYC with AVX-512; not on every machine).
-_TF_LOAD_LOG = re.compile(
-    r"WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|[IWEF]\d{4} [\d:.]+ +\d+ (port|cpu_feature_guard)\.cc:\d+\] "
-    r"|To enable the following instructions: "
-)
-
-
 def trainer_lines(stderr: str) -> list[str]:
-    """The trainer's own lines of ``stderr``: TensorFlow's load-time log left out."""
-    return [x for x in stderr.strip().splitlines() if not _TF_LOAD_LOG.match(x)]
-
-
-def test_the_tf_load_log_is_told_from_the_trainers_lines() -> None:
-    recorded = (
-        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-        "I0000 00:00:1795659606.311139   28868 port.cc:153] oneDNN custom operations are on.\n"
-        "trainer: error: I0000 in a message is the trainer's\n"
-        "I0000 00:00:1795659607.1   28868 loop.cc:12] any other log line is kept\n"
-    )
-    assert trainer_lines(recorded) == [
-        "trainer: error: I0000 in a message is the trainer's",
-        "I0000 00:00:1795659607.1   28868 loop.cc:12] any other log line is kept",
-    ]
+    """The trainer's own lines of ``stderr``: TensorFlow's load-time log
+    (infra/tf_noise.py, tested on its recorded lines) left out."""
+    return [x for x in stderr.strip().splitlines() if not is_tf_noise(x)]
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
