@@ -80,6 +80,7 @@ class ClusterJobs(ClusterBase):
             raise StateError(f"{mode.name} mode needs a ps node: add roles.ps or use --mode sync")
         if mode.needs_workers and not roles.worker:
             raise StateError(f"{mode.name} mode needs worker nodes: add roles.worker")
+        notes = self._mode_notes(mode, values)
         run_id = new_run_id(f"{values['model']}-{values['mode']}")
         if resume:
             last = self.last_job()
@@ -106,7 +107,25 @@ class ClusterJobs(ClusterBase):
             model=values["model"],
             mode=values["mode"],
             resume=resume,
+            notes=tuple(notes),
         )
+
+    def _mode_notes(self, mode: catalog.Mode, values: Mapping[str, Any]) -> list[str]:
+        """The mode's own checks of the job (its catalog entry's
+        ``check_job``), before any task starts: lines to show, or a
+        ConfigError for what the trainer would refuse."""
+        roles = self.config.roles
+        try:
+            return catalog.check_job(
+                mode.name,
+                values["model"],
+                values["extra_args"],
+                batch_size=values["batch_size"],
+                workers=roles.worker,
+                ps=roles.ps,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--mode {mode.name}: {exc}") from None
 
     def run_spec(
         self, argv: Sequence[str], *, ps: bool = True, env: Mapping[str, str] | None = None

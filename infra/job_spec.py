@@ -93,6 +93,9 @@ class JobSpec:
     model: str | None = None
     mode: str | None = None
     resume: bool = False
+    # Lines about the job to show before it starts (the mode's own checks:
+    # how ``--mode layers`` splits the model, a ps it does not use).
+    notes: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:

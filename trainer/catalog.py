@@ -21,7 +21,7 @@ Each entry names the module that implements it on the TensorFlow side
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from trainer.options import (
     RunCheck,
     positive_float,
     positive_int,
+    values_from_argv,
 )
 
 
@@ -381,3 +382,29 @@ def options() -> tuple[Option, ...]:
 def option_defaults() -> dict[str, Any]:
     """``Config.options`` when no flag is given."""
     return {option.key: option.default for option in options()}
+
+
+def check_job(
+    mode_name: str,
+    model_name: str,
+    argv: Sequence[str],
+    *,
+    batch_size: int,
+    workers: Sequence[str],
+    ps: Sequence[str],
+) -> list[str]:
+    """The launcher's checks of a job of the built-in trainer before any
+    task starts (the mode's ``check_job``, given the trainer flags ``argv``
+    and the nodes of roles.worker and roles.ps): lines to show about it;
+    ValueError (one line) for what the trainer would refuse."""
+    entry = mode(mode_name)
+    if entry.check_job is None:
+        return []
+    facts = JobFacts(
+        model=model_name,
+        options=values_from_argv(options(), argv),
+        batch_size=batch_size,
+        workers=tuple(workers),
+        ps=tuple(ps),
+    )
+    return entry.check_job(facts)

@@ -146,7 +146,8 @@ def check_mode(info: ClusterInfo, mode: str) -> None:
             raise ClusterError(f"mode {mode} needs {' and '.join(missing)} task(s) in TF_CONFIG")
     elif entry.needs_workers:
         if info.num_ps:
-            uses = "uses all-reduce collectives" if entry.strategy == catalog.COLLECTIVE else "runs no ps"
+            collective = entry.strategy == catalog.COLLECTIVE
+            uses = "uses all-reduce collectives" if collective else "runs no ps"
             raise ClusterError(f"mode {mode} {uses}: TF_CONFIG must not list a ps")
     elif info.cluster and info.count("chief") + info.count("worker") > 1:
         raise ClusterError(f"mode {mode} runs one process, but TF_CONFIG lists several")

@@ -212,15 +212,18 @@ class PipelineStep:
         per_piece: list[list[tf.Tensor | None]] = []
         loss_total = tf.constant(0.0)
         metric_sums = {name: tf.constant(0.0) for name in self.phase.metric_names}
-        stamps = []
+        stamps: list[tf.Tensor] = []
         for j, piece in enumerate(split_batch(batch, self.pieces)):
             calls.piece = j
-            with placement.recording(calls), keras.StatelessScope(state_mapping=mapping):
-                # The loss where the last stage is: only a scalar leaves it.
-                with tf.device(self.devices[-1]):
-                    per_example, metrics = self.phase.loss(piece)
-                    examples = tf.cast(tf.shape(per_example)[0] * self.pieces, tf.float32)
-                    loss = tf.reduce_sum(per_example) / examples
+            # The loss where the last stage is: only a scalar leaves it.
+            with (
+                placement.recording(calls),
+                keras.StatelessScope(state_mapping=mapping),
+                tf.device(self.devices[-1]),
+            ):
+                per_example, metrics = self.phase.loss(piece)
+                examples = tf.cast(tf.shape(per_example)[0] * self.pieces, tf.float32)
+                loss = tf.reduce_sum(per_example) / examples
             grads = self._gradients(loss, values, trained, calls, j, stamps)
             per_piece.append(grads)
             loss_total += loss
@@ -249,7 +252,9 @@ class PipelineStep:
         appended, stage by stage."""
         stages = range(len(self.devices))
         watched = [values[i] for i in trained]
-        exits = {k: [t for t in calls.exits.get((piece, k), []) if t.dtype.is_floating] for k in stages}
+        exits = {
+            k: [t for t in calls.exits.get((piece, k), []) if t.dtype.is_floating] for k in stages
+        }
         handed = {k: calls.handed.get((piece, k), []) for k in stages}
         extra = [t for k in stages for t in exits[k] + handed[k]]
         grads = tf.gradients(loss, watched + extra)

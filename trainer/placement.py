@@ -78,7 +78,7 @@ def _placed_class(cls: type) -> type:
             with tf.device(device):
                 if _recorder:
                     args = _recorder[-1].enter(stage, args)
-                outputs = cls.__call__(self, *args, **kwargs)  # type: ignore[operator]
+                outputs = cls.__call__(self, *args, **kwargs)
                 if _recorder:
                     _recorder[-1].leave(stage, outputs)
                 return outputs
@@ -176,7 +176,8 @@ def split_cpu(count: int) -> None:
 def _gpu_kernel(op_type: str) -> bool:
     from tensorflow.python.framework import kernels
 
-    return any(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op(op_type).kernel)
+    registered = kernels.get_registered_kernels_for_op(op_type).kernel
+    return any(kernel.device_type == "GPU" for kernel in registered)
 
 
 def cpu_fallbacks(

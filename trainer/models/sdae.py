@@ -34,10 +34,11 @@ L = keras.layers
 class StackedDenoisingAutoencoder(keras.Model):
     def __init__(self, inputs: int, hidden: int, wide: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # In the order fine-tuning calls them (trainer/architectures.py).
         self.encoder1 = L.Dense(hidden, activation="sigmoid", name="encoder1")
-        self.decoder1 = L.Dense(inputs, activation="sigmoid", name="decoder1")
         self.encoder2 = L.Dense(wide, activation="sigmoid", name="encoder2")
         self.decoder2 = L.Dense(hidden, activation="sigmoid", name="decoder2")
+        self.decoder1 = L.Dense(inputs, activation="sigmoid", name="decoder1")
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
         return self.decoder1(self.decoder2(self.encoder2(self.encoder1(x))))

@@ -157,11 +157,14 @@ class LayersMode(TrainingMode):
         addresses = self.info.cluster.get("worker", ())
         gone = [i for i, address in enumerate(addresses) if not distribute.listens(address)]
         if not gone:  # still listening (a restarted process): as the error says
-            gone = sorted({int(i) for i in re.findall(r"/job:worker/replica:\d+/task:(\d+)", str(error))})
+            named = re.findall(r"/job:worker/replica:\d+/task:(\d+)", str(error))
+            gone = sorted({int(i) for i in named})
         held = {stage.slot: (k, stage) for k, stage in enumerate(self.plan.stages)}
         parts = []
         for slot in gone:
-            where = f"worker {slot} ({addresses[slot]})" if slot < len(addresses) else f"worker {slot}"
+            where = f"worker {slot}"
+            if slot < len(addresses):
+                where += f" ({addresses[slot]})"
             if slot in held:
                 k, stage = held[slot]
                 where += f", which held stage {k + 1} of {len(self.plan.stages)} ({stage.span})"
