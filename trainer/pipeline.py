@@ -132,7 +132,9 @@ class StageTiming:
         self.steps += 1
         self.wall += wall
         for k in range(self.stages):
-            spans = [(a, b) for row in stamps[k] for a, b in (row[0:2], row[2:4]) if b > 0]
+            # A piece that did not reach the stage has zeros; a stage with
+            # nothing to do backwards (its weights frozen), an empty span.
+            spans = [(a, b) for row in stamps[k] for a, b in (row[0:2], row[2:4]) if b > a > 0]
             self.busy[k] += min(_union(spans), wall)
 
     def summary(self) -> dict[str, Any]:

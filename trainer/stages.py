@@ -280,6 +280,11 @@ def check_job(model: str, layers: Sequence[LayerSpec] | None, facts: JobFacts) -
         )
         if devices == "tasks":
             notes.append(f"layers: {found.describe(slots.word)}")
+    if devices != "tasks" and facts.workers:
+        notes.append(
+            f"layers --devices {devices}: the stages go to the chief's own devices; "
+            f"the workers ({', '.join(facts.workers)}) start but hold nothing"
+        )
     if facts.ps:
         notes.append(
             f"layers does not use the ps ({', '.join(facts.ps)}): no ps task starts, "

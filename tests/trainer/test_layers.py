@@ -95,6 +95,13 @@ def test_the_launch_says_how_it_splits_and_that_the_ps_is_not_used() -> None:
         "worker 0 holds conv2d..flatten (0.21 MB); worker 1 holds dense..dense_1 (12.89 MB)"
     )
     assert ps_line.startswith("layers does not use the ps (pc-1): no ps task starts")
+    on_gpus = Cluster(default_config()).train_spec(
+        mode="layers", model="cnn", extra_args=("--devices", "gpu")
+    )
+    assert on_gpus.notes[0] == (
+        "layers --devices gpu: the stages go to the chief's own devices; the workers "
+        "(pc-2, pc-3) start but hold nothing"
+    )
 
 
 @pytest.mark.parametrize(
@@ -147,6 +154,24 @@ def test_the_model_layer_lists_are_the_built_models_layers() -> None:
         with placement.recording(Calls()) as calls:
             built(task.example_input())  # type: ignore[attr-defined]
         assert calls.order == list(range(len(listed))), model  # type: ignore[attr-defined]
+
+
+def test_a_stage_is_busy_while_any_piece_is_in_it_and_waits_the_rest_of_the_step() -> None:
+    import numpy as np
+
+    from trainer.pipeline import StageTiming
+
+    timing = StageTiming(2)
+    # Stage 0: two pieces forward (overlapping: 0-2), then backward (3-4.5);
+    # stage 1 saw no piece (zeros); stamps are [f_start, f_end, b_start, b_end].
+    stamps = np.array([
+        [[10.0, 11.0, 13.0, 14.0], [10.5, 12.0, 13.5, 14.5]],
+        [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
+    ])  # fmt: skip
+    timing.add(stamps, wall=5.0)
+    found = timing.summary()
+    assert found["stage_seconds"] == [3.5, 0.0]
+    assert found["bubble_per_stage"] == [0.3, 1.0] and found["bubble"] == 0.65
 
 
 def test_the_ops_a_gpu_cannot_run_are_listed() -> None:

@@ -95,9 +95,17 @@ class LayersMode(TrainingMode):
                     "to place the stages on this machine's devices"
                 )
             return [f"/job:worker/replica:0/task:{i}" for i in range(workers)]
-        found = [d.name for d in tf.config.list_logical_devices(self.kind.upper())]
+        # This process's own devices: connected to a cluster, TensorFlow
+        # lists the other tasks' too.
+        here = tf.DeviceSpec(job=self.info.task_type, task=self.info.task_index)
+        found = [
+            d.name
+            for d in tf.config.list_logical_devices(self.kind.upper())
+            if tf.DeviceSpec.from_string(d.name).job in (None, "localhost")
+            or placement.within(d.name, here.to_string())
+        ]
         if not found:
-            raise NoGpu(f"--devices {self.kind}: TensorFlow sees no {self.kind.upper()}")
+            raise NoGpu(f"--devices {self.kind}: TensorFlow sees no {self.kind.upper()} here")
         return found
 
     @classmethod
