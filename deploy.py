@@ -178,7 +178,8 @@ def down(cluster: Cluster, yes: bool, dry_run: bool) -> None:
 Examples:
   deploy.py train --steps 200
   deploy.py train -- --epochs 1                        # trainer flags after --
-  deploy.py train --mode average -- --average-every 5""",
+  deploy.py train --mode average -- --average-every 5
+  deploy.py train --mode layers -- --placement conv:0,dense:1 --micro-batches 4""",
 )
 @job_option("--model", "model", type=click.Choice(catalog.MODELS))
 @job_option("--mode", "mode", type=click.Choice(catalog.MODE_NAMES))

@@ -94,6 +94,7 @@ class ClusterJobs(ClusterBucket):
                 f"{self.config.source}: roles: {mode.name} mode needs worker nodes; "
                 "add roles.worker, or train with --mode single"
             )
+        notes = self._mode_notes(mode, values)
         run_id = new_run_id(f"{values['model']}-{values['mode']}")
         if resume:
             last = self.last_job() or self.last_bucket_run()
@@ -120,7 +121,25 @@ class ClusterJobs(ClusterBucket):
             model=values["model"],
             mode=values["mode"],
             resume=resume,
+            notes=tuple(notes),
         )
+
+    def _mode_notes(self, mode: catalog.Mode, values: Mapping[str, Any]) -> list[str]:
+        """The mode's own checks of the job (its catalog entry's
+        ``check_job``), before any task starts: lines to show, or a
+        ConfigError for what the trainer would refuse."""
+        roles = self.config.roles
+        try:
+            return catalog.check_job(
+                mode.name,
+                values["model"],
+                values["extra_args"],
+                batch_size=values["batch_size"],
+                workers=roles.worker,
+                ps=roles.ps,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--mode {mode.name}: {exc}") from None
 
     def run_spec(
         self,

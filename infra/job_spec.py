@@ -93,8 +93,8 @@ class JobSpec:
     model: str | None = None
     mode: str | None = None
     resume: bool = False
-    # What the user should know of how it runs (a front end shows them at
-    # launch): the Keras its tf.keras was given, say.
+    # Lines about the job to show before it starts: the Keras its tf.keras
+    # was given, how ``--mode layers`` splits the model, a ps it does not use.
     notes: tuple[str, ...] = ()
 
     @property

@@ -128,6 +128,8 @@ def run_job(
     failed job is a result, not an error: ``JobResult.check`` raises it."""
     reporter = reporter or JobReporter()
     destination = cluster.local_run_dir(spec.run_id, dest)
+    for line in spec.notes:
+        reporter.note(line)
     job = cluster.launch(
         spec, workdir=workdir, on_event=reporter.event, on_log=reporter.log,
         on_waiting=reporter.waiting,

@@ -67,8 +67,9 @@ def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
 
 @dataclass
 class LocalJob:
-    """One job: ``mode`` with ``workers`` workers (sync/average: the chief
-    counts as one) and ``ps`` parameter servers."""
+    """One job: ``mode`` with ``workers`` workers (where the chief trains
+    too, sync and average: the chief counts as one) and ``ps`` parameter
+    servers."""
 
     mode: str
     argv: Sequence[str]
@@ -82,15 +83,15 @@ class LocalJob:
     tasks: list[TaskSpec] = field(default_factory=list)
 
     def _roles(self) -> dict[str, list[str]]:
-        if self.mode == "async":
-            return {
-                "ps": [f"ps{i}" for i in range(self.ps)],
-                "worker": [f"w{i}" for i in range(self.workers)],
-                "chief": ["c"],
-            }
-        if self.mode == "single":
+        entry = catalog.mode(self.mode)
+        if not entry.needs_workers:
             return {"chief": ["c"]}
-        return {"worker": [f"w{i}" for i in range(self.workers - 1)], "chief": ["c"]}
+        # Where the workers only serve, the chief is none of them.
+        workers = self.workers if entry.workers_serve else self.workers - 1
+        roles = {"worker": [f"w{i}" for i in range(workers)], "chief": ["c"]}
+        if entry.needs_ps:
+            roles["ps"] = [f"ps{i}" for i in range(self.ps)]
+        return roles
 
     def start(self) -> LocalJob:
         roles = self._roles()
@@ -105,7 +106,7 @@ class LocalJob:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for task in self.tasks:  # ps, workers, then the chief
             env = task_env(self.env)
-            if self.mode != "single":
+            if catalog.mode(self.mode).needs_workers:
                 env["TF_CONFIG"] = tf_config_json(self.tasks, task)
             log = (self.log_dir / f"{task.name}.log").open("wb")
             self.processes[task.name] = subprocess.Popen(

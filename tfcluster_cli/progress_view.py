@@ -66,8 +66,6 @@ class TrainView(JobReporter):
             markup=False,
             soft_wrap=True,
         )
-        for note in job.spec.notes:
-            consoles.console.print(note, style="yellow", markup=False, soft_wrap=True)
 
     def following(self) -> TrainView:
         return self

@@ -144,4 +144,25 @@ def print_run_comparison(runs: list[Run], rows: list[Row], plot: Path) -> None:
             consoles.console.print(
                 f"{run.path.name}: {node_text(gain)}", markup=False, soft_wrap=True
             )
+        print_placement(run)
     consoles.console.print(f"plot: {plot}", markup=False, soft_wrap=True)
+
+
+def print_placement(run: Run) -> None:
+    """A ``--mode layers`` run: the devices and the variables each holds,
+    and the pipeline's bubble (nothing for another run)."""
+    from infra.placement_report import pipeline_text, placement_rows
+
+    rows = placement_rows(run.summary)
+    if not rows:
+        return
+    table = Table(title=Text(f"{node_text(run.path.name)}: where the variables live"),
+                  title_justify="left")  # fmt: skip
+    for column in ("device", "MB", "variables"):
+        table.add_column(column)
+    for row in rows:
+        size = f"{row.bytes / 1e6:.2f}" if row.bytes is not None else "-"
+        table.add_row(cell(row.device), cell(size), cell(", ".join(row.variables)))
+    consoles.console.print(table)
+    if (line := pipeline_text(run.summary)) is not None:
+        consoles.console.print(node_text(line), markup=False, soft_wrap=True)

@@ -21,16 +21,21 @@ Each entry names the module that implements it on the TensorFlow side
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer import architectures, stages
+from trainer.architectures import ARCHITECTURES, LayerSpec
 from trainer.options import (
     Check,
+    JobCheck,
+    JobFacts,
     Option,
     RunCheck,
     positive_float,
     positive_int,
+    values_from_argv,
 )
 
 
@@ -57,6 +62,9 @@ class Model:
     check_options: Check | None = None
     # Checked when it trains: its options against the run's steps.
     check_run: RunCheck | None = None
+    # Its layers in call order, given its options (``--mode layers`` cuts
+    # them into stages); None: not split into layers.
+    layers: Callable[[Mapping[str, Any]], tuple[LayerSpec, ...]] | None = None
 
 
 _ACCURACY = ("accuracy", "test_accuracy", "test accuracy")
@@ -115,9 +123,19 @@ def _check_pretraining(values: Mapping[str, Any], steps: int | None) -> str | No
 
 
 # The source material's CNN used 1e-4 for 20,000 steps; tfcluster's runs are short.
+def _classifier(name: str) -> Callable[[Mapping[str, Any]], tuple[LayerSpec, ...]]:
+    return lambda options: architectures.classifier_layers(ARCHITECTURES[name])
+
+
 _MODELS = (
-    Model("cnn", "trainer.models.classifier", 1e-3, True, True, _ACCURACY),
-    Model("convnet", "trainer.models.classifier", 1e-3, True, True, _ACCURACY),
+    Model(
+        "cnn", "trainer.models.classifier", 1e-3, True, True, _ACCURACY,
+        layers=_classifier("cnn"),
+    ),
+    Model(
+        "convnet", "trainer.models.classifier", 1e-3, True, True, _ACCURACY,
+        layers=_classifier("convnet"),
+    ),
     Model(
         "dae",
         "trainer.models.dae",
@@ -125,6 +143,7 @@ _MODELS = (
         final_metric=_PSNR,
         options=_DENOISING,
         check_options=_check_patches,
+        layers=architectures.dae_layers,
     ),
     Model(
         "sdae",
@@ -134,6 +153,7 @@ _MODELS = (
         options=_STACKED,
         check_options=_check_patches,
         check_run=_check_pretraining,
+        layers=architectures.sdae_layers,
     ),
 )
 MODEL_SPECS: dict[str, Model] = {m.name: m for m in _MODELS}
@@ -168,7 +188,10 @@ def final_metrics() -> tuple[tuple[str, str, str], ...]:
 PARAMETER_SERVER = "parameter_server"  # ParameterServerStrategy and a coordinator
 COLLECTIVE = "collective"  # MultiWorkerMirroredStrategy
 LOCAL = "local"  # MirroredStrategy over the local GPUs, else the default
-STRATEGIES = (PARAMETER_SERVER, COLLECTIVE, LOCAL)
+# The default strategy, the chief connected to every task of TF_CONFIG
+# (tf.config.experimental_connect_to_cluster): it places work on them itself.
+REMOTE = "remote"
+STRATEGIES = (PARAMETER_SERVER, COLLECTIVE, LOCAL, REMOTE)
 
 
 @dataclass(frozen=True)
@@ -193,6 +216,8 @@ class Mode:
     mixed_precision: bool = True
     # Its own command-line options, as a model's (``Model.options``).
     options: tuple[Option, ...] = ()
+    # Run by the launcher before any task starts (``JobCheck``).
+    check_job: JobCheck | None = None
 
     @property
     def needs_ps(self) -> bool:
@@ -201,6 +226,49 @@ class Mode:
     @property
     def needs_workers(self) -> bool:
         return "worker" in self.task_types
+
+
+_PARALLEL = "model parallelism (--mode layers)"
+_LAYERS = (
+    Option(
+        "stages",
+        positive_int,
+        help="layers: stages to cut the model into (default one per worker; "
+        "--devices gpu: one per GPU), where the largest holds the fewest parameter bytes",
+        group=_PARALLEL,
+    ),
+    Option(
+        "placement",
+        help=f"layers: which worker holds which layers, by layer-name prefix, e.g. "
+        f"{stages.EXAMPLE}; a layer no prefix names goes with the layer before it",
+        group=_PARALLEL,
+    ),
+    Option(
+        "micro-batches",
+        positive_int,
+        1,
+        "layers: cut each batch into this many pieces that flow through the stages one "
+        "after the other (GPipe): stage k works on piece j+1 while stage k+1 works on piece j",
+        group=_PARALLEL,
+    ),
+    Option(
+        "devices",
+        default="tasks",
+        choices=stages.DEVICE_CHOICES,
+        help="layers: the stages go to the worker tasks, to this node's GPUs, or to its "
+        "CPU split into one logical device per stage (a split tried on one machine)",
+        group=_PARALLEL,
+    ),
+)
+
+
+def _check_layers_job(facts: JobFacts) -> list[str]:
+    return stages.check_job(facts.model, _model_layers(facts), facts)
+
+
+def _model_layers(facts: JobFacts) -> tuple[LayerSpec, ...] | None:
+    entry = MODEL_SPECS[facts.model]
+    return entry.layers(facts.options) if entry.layers is not None else None
 
 
 _MODES = (
@@ -268,6 +336,19 @@ _MODES = (
         # The members train in a loop of their own: not built for it.
         mixed_precision=False,
     ),
+    Mode(
+        "layers",
+        ("chief", "worker"),
+        "model parallelism: each worker holds a block of consecutive layers",
+        "trainer.modes.layers",
+        "each worker task holds a block of the model's layers (model parallelism)",
+        REMOTE,
+        workers_serve=True,
+        # The loss scale would live on the chief, its checks on every stage.
+        mixed_precision=False,
+        options=_LAYERS,
+        check_job=_check_layers_job,
+    ),
 )
 MODES: dict[str, Mode] = {mode.name: mode for mode in _MODES}
 MODE_NAMES = tuple(MODES)
@@ -301,3 +382,29 @@ def options() -> tuple[Option, ...]:
 def option_defaults() -> dict[str, Any]:
     """``Config.options`` when no flag is given."""
     return {option.key: option.default for option in options()}
+
+
+def check_job(
+    mode_name: str,
+    model_name: str,
+    argv: Sequence[str],
+    *,
+    batch_size: int,
+    workers: Sequence[str],
+    ps: Sequence[str],
+) -> list[str]:
+    """The launcher's checks of a job of the built-in trainer before any
+    task starts (the mode's ``check_job``, given the trainer flags ``argv``
+    and the nodes of roles.worker and roles.ps): lines to show about it;
+    ValueError (one line) for what the trainer would refuse."""
+    entry = mode(mode_name)
+    if entry.check_job is None:
+        return []
+    facts = JobFacts(
+        model=model_name,
+        options=values_from_argv(options(), argv),
+        batch_size=batch_size,
+        workers=tuple(workers),
+        ps=tuple(ps),
+    )
+    return entry.check_job(facts)

@@ -30,9 +30,13 @@ class Checkpoints:
         *,
         is_chief: bool,
         keep: int = MAX_TO_KEEP,
+        options: tf.train.CheckpointOptions | None = None,
     ):
         self.checkpoint = checkpoint
         self.is_chief = is_chief
+        # --mode layers: the chief reads and writes every variable's file
+        # (its variables live on other tasks, whose disks are elsewhere).
+        self.options = options
         self.directory = output_dir / "checkpoints"
         self.manager = (
             tf.train.CheckpointManager(
@@ -50,7 +54,7 @@ class Checkpoints:
         if path is None:
             raise CheckpointError(f"--resume: no checkpoint in {self.directory}")
         try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            self.checkpoint.restore(path, options=self.options).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"{path} does not fit this model: {first}") from None
@@ -60,10 +64,10 @@ class Checkpoints:
         """Save at ``step``; the chief's checkpoint path (None elsewhere)."""
         self.last_saved_step = step
         if self.manager is not None:
-            return str(self.manager.save(checkpoint_number=step))
+            return str(self.manager.save(checkpoint_number=step, options=self.options))
         scratch = tempfile.mkdtemp(prefix="tfcluster-worker-ckpt-")
         try:
-            self.checkpoint.write(str(Path(scratch) / "ckpt"))
+            self.checkpoint.write(str(Path(scratch) / "ckpt"), options=self.options)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None

@@ -146,9 +146,9 @@ def check_mode(info: ClusterInfo, mode: str) -> None:
             raise ClusterError(f"mode {mode} needs {' and '.join(missing)} task(s) in TF_CONFIG")
     elif entry.needs_workers:
         if info.num_ps:
-            raise ClusterError(
-                f"mode {mode} uses all-reduce collectives: TF_CONFIG must not list a ps"
-            )
+            collective = entry.strategy == catalog.COLLECTIVE
+            uses = "uses all-reduce collectives" if collective else "runs no ps"
+            raise ClusterError(f"mode {mode} {uses}: TF_CONFIG must not list a ps")
     elif info.cluster and info.count("chief") + info.count("worker") > 1:
         raise ClusterError(f"mode {mode} runs one process, but TF_CONFIG lists several")
 
@@ -254,7 +254,7 @@ def wait_for_servers(info: ClusterInfo, timeout: float) -> None:
     pending = [a for kind in ("ps", "worker") for a in info.cluster.get(kind, ())]
     deadline = time.monotonic() + timeout
     while pending:
-        pending = [a for a in pending if not _listens(a)]
+        pending = [a for a in pending if not listens(a)]
         if not pending:
             return
         if time.monotonic() >= deadline:
@@ -262,13 +262,38 @@ def wait_for_servers(info: ClusterInfo, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _listens(address: str) -> bool:
+def listens(address: str) -> bool:
+    """Whether something accepts connections at ``address`` (host:port)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
             return True
     except (OSError, ValueError):
         return False
+
+
+def connect_to_cluster() -> None:
+    """Make every task of TF_CONFIG a device of this process (nothing
+    without a cluster): ``tf.device("/job:worker/replica:0/task:1")`` then
+    runs there. Each worker sees only the chief and the other workers
+    (device filters): without them, connecting hung here, each worker
+    waiting to reach every task of the cluster first."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    if not spec.jobs:
+        return
+    filters = tf.config.experimental.ClusterDeviceFilters()
+    for index in range(len(spec.as_dict().get("worker", ()))):
+        filters.set_device_filters("worker", index, ["/job:chief", "/job:worker"])
+    tf.config.experimental_connect_to_cluster(
+        spec,
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        cluster_device_filters=filters,
+    )
 
 
 def create_strategy(kind: str) -> tf.distribute.Strategy:
@@ -284,6 +309,9 @@ def create_strategy(kind: str) -> tf.distribute.Strategy:
     if kind == catalog.COLLECTIVE:
         # ensemble: only for the final gather of the members' predictions.
         return tf.distribute.MultiWorkerMirroredStrategy()
+    if kind == catalog.REMOTE:
+        connect_to_cluster()
+        return tf.distribute.get_strategy()
     if kind != catalog.LOCAL:
         raise ValueError(f"unknown kind of strategy {kind!r}; expected {catalog.STRATEGIES}")
     if tf.config.list_physical_devices("GPU"):

@@ -9,7 +9,7 @@ catalog entry; flags.py needs no change."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,3 +69,57 @@ def positive_float(text: str) -> float:
 # that message stays what it was.
 for _type in (positive_int, non_negative_int, positive_float):
     _type.__name__ = "_" + _type.__name__
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the launcher knows of a job of the built-in trainer before any
+    task starts: a mode's ``check_job`` (``trainer/catalog.py``) reads it."""
+
+    model: str
+    # Every model's and mode's option (``Option.key``): the job's flags, else defaults.
+    options: Mapping[str, Any]
+    batch_size: int
+    workers: tuple[str, ...]  # nodes of the job's worker tasks
+    ps: tuple[str, ...]  # nodes of cluster.yaml's roles.ps
+
+
+# Lines to show about the job, or ValueError (one line) for a job the
+# trainer would refuse: a mode's checks before any task starts.
+JobCheck = Callable[[JobFacts], list[str]]
+
+
+def values_from_argv(options: Sequence[Option], argv: Sequence[str]) -> dict[str, Any]:
+    """``options``' values (by key) as the trainer would parse them from
+    ``argv`` (``--name value``, ``--name=value``, ``--[no-]switch``),
+    defaults for those not given; any other argument is left alone.
+    ValueError naming the flag for a value its type or choices refuse."""
+    values = {option.key: option.default for option in options}
+    flags = {option.flag: option for option in options}
+    switches = {"--no-" + o.name: o for o in options if o.switch}
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        name, equals, text = arg.partition("=")
+        if name in switches and not equals:
+            values[switches[name].key] = False
+            continue
+        option = flags.get(name)
+        if option is None:
+            continue
+        if option.switch:
+            values[option.key] = True
+            continue
+        if not equals:
+            if i + 1 >= len(args):
+                raise ValueError(f"{name}: expected a value")
+            text = args[i + 1]
+        try:
+            value = option.type(text)
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+            raise ValueError(f"{name} {text}: {e}") from None
+        if option.choices is not None and value not in option.choices:
+            raise ValueError(f"{name} {text}: choose one of {', '.join(option.choices)}")
+        values[option.key] = value
+    return values

@@ -50,6 +50,11 @@ def run(config: Config, progress: Progress) -> None:
         # meanwhile, each on its own), the chief connects once they listen.
         distribute.wait_for_servers(info, READY_TIMEOUT_S)
         startup.mark("ready")
+    if mode.strategy == catalog.REMOTE:
+        # Local devices are set up before connecting starts the runtime.
+        from trainer import modes
+
+        modes.implementation(config.mode).configure_devices(config)
     strategy = distribute.create_strategy(mode.strategy)
 
     from trainer.training import Training

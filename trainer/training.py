@@ -105,6 +105,7 @@ class Training:
             self.output_dir,
             is_chief=self.is_chief,
             keep=config.keep_checkpoints,
+            options=mode.checkpoint_options(),
         )
         restored = checkpoints.restore_latest() if config.resume and self.is_chief else None
         mode.prepare(state)
@@ -230,13 +231,11 @@ class Training:
         first step, in the mode's scope (average and ensemble modes' models
         are private to each process: built outside any strategy scope)."""
         with self.mode.scope():
-            model = task.build_model()
+            model = self.mode.build_model(task)
             phases = task.phases(model, total_steps)
             optimizers = []
             for phase in phases:
-                optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
-                    self.config.learning_rate
-                )
+                optimizer = self.mode.optimizer(self.config.learning_rate)
                 if self.config.mixed_precision:
                     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
                 optimizer.build(list(phase.variables))

@@ -52,6 +52,7 @@ def test_mode_facts_follow_the_catalog() -> None:
     assert [m for m in catalog.MODE_NAMES if not catalog.mode(m).mixed_precision] == [
         "async",
         "ensemble",
+        "layers",
     ]
     assert catalog.final_metrics() == (
         ("accuracy", "test_accuracy", "test accuracy"),

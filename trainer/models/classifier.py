@@ -5,8 +5,8 @@ cnn: conv 5x5x32 SAME relu + maxpool 2 -> conv 5x5x64 SAME relu + maxpool 2
 convnet: conv 5x5x64 + maxpool 2 -> conv 3x3x256 -> conv 3x3x512 + maxpool 2
 -> dense 2048 + dropout -> dense 1024 + dropout -> dense 10 (keep 0.75).
 
-Dropout is ``tf.nn.experimental.stateless_dropout`` seeded by the batch, not
-``keras.layers.Dropout``: the Keras layer keeps its RNG state in a variable
+Dropout (``StatelessDropout``) is ``tf.nn.experimental.stateless_dropout``
+seeded by the batch, not ``keras.layers.Dropout``: the Keras layer keeps its RNG state in a variable
 with aggregation "none", which a replica of MultiWorkerMirroredStrategy may
 not assign to, and which would cost a parameter-server round trip per step in
 async mode.
@@ -14,13 +14,13 @@ async mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer.architectures import ARCHITECTURES, SIDE, Architecture, classifier_layers
 from trainer.data import Split
 from trainer.flags import Config
 from trainer.inputs import index_batches, step_seed
@@ -29,33 +29,50 @@ from trainer.models.base import Batch, Evaluation, Phase
 L = keras.layers
 
 
-@dataclass(frozen=True)
-class Architecture:
-    convs: tuple[tuple[int, int, bool], ...]  # (filters, kernel, maxpool after)
-    dense: tuple[int, ...]
-    dropout: float
+class StatelessDropout(keras.layers.Layer):
+    """Dropout of ``rate`` while training, its mask drawn from the batch's
+    seed (``salt``: this layer's own draw); the identity otherwise. A layer
+    of its own, so that ``--mode layers`` places it with the layers around
+    it, and its name (dropout, dropout_1) is the model's."""
 
+    def __init__(self, rate: float, salt: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rate = rate
+        self.salt = salt
 
-ARCHITECTURES = {
-    "cnn": Architecture(convs=((32, 5, True), (64, 5, True)), dense=(1024,), dropout=0.5),
-    "convnet": Architecture(
-        convs=((64, 5, True), (256, 3, False), (512, 3, True)), dense=(2048, 1024), dropout=0.25
-    ),
-}
+    def call(
+        self, h: tf.Tensor, seed: tf.Tensor | None = None, training: bool = False
+    ) -> tf.Tensor:
+        if training and seed is not None:
+            return tf.nn.experimental.stateless_dropout(
+                h, self.rate, seed=step_seed(seed, self.salt)
+            )
+        return h
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
 
 
 class Classifier(keras.Model):
     def __init__(self, arch: Architecture, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.arch = arch
+        # Named as trainer/architectures.py lists them, in call order.
+        names = iter(layer.name for layer in classifier_layers(arch))
         self.features: list[keras.Layer] = []
         for filters, kernel, pool in arch.convs:
-            self.features.append(L.Conv2D(filters, kernel, padding="same", activation="relu"))
+            self.features.append(
+                L.Conv2D(filters, kernel, padding="same", activation="relu", name=next(names))
+            )
             if pool:
-                self.features.append(L.MaxPooling2D(2))
-        self.features.append(L.Flatten())
-        self.hidden = [L.Dense(units, activation="relu") for units in arch.dense]
-        self.logits = L.Dense(10)
+                self.features.append(L.MaxPooling2D(2, name=next(names)))
+        self.features.append(L.Flatten(name=next(names)))
+        self.hidden: list[keras.Layer] = []
+        self.dropouts: list[keras.Layer] = []
+        for i, units in enumerate(arch.dense):
+            self.hidden.append(L.Dense(units, activation="relu", name=next(names)))
+            self.dropouts.append(StatelessDropout(arch.dropout, salt=i, name=next(names)))
+        self.logits = L.Dense(10, name=next(names))
         # A tf.train.Checkpoint holds a Keras 3 layer's attributes, but not
         # the layers inside its lists (Keras' TrackedList is no TensorFlow
         # trackable): without these, a checkpoint held the logits layer
@@ -69,12 +86,8 @@ class Classifier(keras.Model):
         h = x
         for layer in self.features:
             h = layer(h)
-        for i, dense in enumerate(self.hidden):
-            h = dense(h)
-            if training and seed is not None:
-                h = tf.nn.experimental.stateless_dropout(
-                    h, self.arch.dropout, seed=step_seed(seed, i)
-                )
+        for dense, dropout in zip(self.hidden, self.dropouts, strict=True):
+            h = dropout(dense(h), seed=seed, training=training)
         return self.logits(h)
 
 
@@ -83,9 +96,15 @@ class ClassifierTask:
         self.name = name
         self.arch = ARCHITECTURES[name]
 
+    def new_model(self) -> keras.Model:
+        return Classifier(self.arch, name=self.name)
+
+    def example_input(self) -> tf.Tensor:
+        return tf.zeros([1, SIDE, SIDE, 1])
+
     def build_model(self) -> keras.Model:
-        model = Classifier(self.arch, name=self.name)
-        model(tf.zeros([1, 28, 28, 1]))  # creates every variable now, under the caller's scope
+        model = self.new_model()
+        model(self.example_input())  # creates every variable now, under the caller's scope
         return model
 
     def phases(self, model: keras.Model, total_steps: int) -> list[Phase]:

@@ -80,9 +80,15 @@ class DenoisingTask:
     def corrupt(self, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         return corrupt(x, self.noise, self.noise_level, seed)
 
+    def new_model(self) -> keras.Model:
+        return DenoisingAutoencoder(self.inputs, self.hidden, name=self.name)
+
+    def example_input(self) -> tf.Tensor:
+        return tf.zeros([1, self.inputs])
+
     def build_model(self) -> keras.Model:
-        model = DenoisingAutoencoder(self.inputs, self.hidden, name=self.name)
-        model(tf.zeros([1, self.inputs]))
+        model = self.new_model()
+        model(self.example_input())
         return model
 
     def phases(self, model: keras.Model, total_steps: int) -> list[Phase]:

@@ -21,6 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.architectures import sdae_width
 from trainer.errors import UsageError
 from trainer.flags import Config
 from trainer.inputs import step_seed
@@ -33,10 +34,11 @@ L = keras.layers
 class StackedDenoisingAutoencoder(keras.Model):
     def __init__(self, inputs: int, hidden: int, wide: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # In the order fine-tuning calls them (trainer/architectures.py).
         self.encoder1 = L.Dense(hidden, activation="sigmoid", name="encoder1")
-        self.decoder1 = L.Dense(inputs, activation="sigmoid", name="decoder1")
         self.encoder2 = L.Dense(wide, activation="sigmoid", name="encoder2")
         self.decoder2 = L.Dense(hidden, activation="sigmoid", name="decoder2")
+        self.decoder1 = L.Dense(inputs, activation="sigmoid", name="decoder1")
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
         return self.decoder1(self.decoder2(self.encoder2(self.encoder1(x))))
@@ -45,12 +47,15 @@ class StackedDenoisingAutoencoder(keras.Model):
 class StackedDenoisingTask(DenoisingTask):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.wide = max(1, round(config.options["hidden"] * config.options["width_factor"]))
+        self.wide = sdae_width(config.options)
         self.pretrain_steps = config.options["pretrain_steps"]
 
+    def new_model(self) -> keras.Model:
+        return StackedDenoisingAutoencoder(self.inputs, self.hidden, self.wide, name=self.name)
+
     def build_model(self) -> keras.Model:
-        model = StackedDenoisingAutoencoder(self.inputs, self.hidden, self.wide, name=self.name)
-        model(tf.zeros([1, self.inputs]))  # all four layers' variables, now
+        model = self.new_model()
+        model(self.example_input())  # all four layers' variables, now
         return model
 
     def phases(self, model: keras.Model, total_steps: int) -> list[Phase]:

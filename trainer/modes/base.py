@@ -97,6 +97,24 @@ class TrainingMode:
         """Where the state is built: private models outside any strategy."""
         return contextlib.nullcontext() if self.private else self.strategy.scope()
 
+    @classmethod
+    def configure_devices(cls, config: Config) -> None:
+        """Before the strategy starts TensorFlow's runtime (modes of the
+        ``REMOTE`` kind only: the others' strategies must come first)."""
+
+    def build_model(self, task: Task) -> keras.Model:
+        """The model, every variable created (in ``scope``)."""
+        return task.build_model()
+
+    def optimizer(self, learning_rate: float) -> keras.optimizers.Optimizer:
+        """A phase's optimizer (before the mixed-precision wrapper)."""
+        return keras.optimizers.Adam(learning_rate)
+
+    def checkpoint_options(self) -> tf.train.CheckpointOptions | None:
+        """How checkpoints are written and read (None: TensorFlow's default,
+        each variable's file by the host it lives on)."""
+        return None
+
     def prepare(self, state: State) -> None:
         """After the chief restored its checkpoint, before the first step."""
 
