@@ -212,10 +212,17 @@ def user_requirements_command(
     )
 
 
-def rsync_args(sources: Sequence[Path], dest: str, *, contents: bool) -> list[str]:
+def rsync_args(
+    sources: Sequence[Path], dest: str, *, contents: bool, hidden: Sequence[str] = ()
+) -> list[str]:
     """rsync flags for ``sources`` into the node folder ``dest``. With
-    ``contents`` the one source folder's *contents* go into ``dest``."""
+    ``contents`` the one source folder's *contents* go into ``dest``.
+    ``hidden`` (paths from the transfer's root, ``/a/key``; or a name,
+    ``.ssh/``, anywhere) are never sent, and deleted on the node should an
+    earlier sync have sent them: a hide rule (``H``) is the sender's alone,
+    so it protects nothing there."""
     args = ["-a", "-z", "--delete", f"--out-format={RSYNC_FORMAT}"]
+    args += [f"--filter=H {rsync_pattern(path)}" for path in hidden]
     args += [f"--exclude={pattern}" for pattern in EXCLUDES]
     # "--": a source path that starts with "-" is a path, never an option.
     args.append("--")
@@ -224,6 +231,15 @@ def rsync_args(sources: Sequence[Path], dest: str, *, contents: bool) -> list[st
     else:
         args += [str(s) for s in sources]
     return args
+
+
+def rsync_pattern(path: str) -> str:
+    """``path`` as an rsync pattern that matches it alone (anchored when it
+    starts with ``/``): rsync reads ``*``, ``?`` and ``[`` as wildcards, and
+    a backslash as an escape only in a pattern that has one of them."""
+    if any(c in path for c in "*?["):
+        return "".join("\\" + c if c in "\\*?[" else c for c in path)
+    return path
 
 
 def _base(layout: NodeLayout) -> str:
