@@ -298,3 +298,57 @@ def apply_command(
         ]
     lines.append(f"echo '{FACT}applied'")
     return "\n".join(lines)
+
+
+# -- the code a job started with (infra/code_snapshot.py) ------------------------------
+
+CODE_FILE = ".tfcluster-code"
+# `SIZE MTIME ./PATH` of the synced files (from _base), sorted bytewise.
+_CODE_LISTING = (
+    "-name __pycache__ -prune -o -type f ! -name '*.pyc' -printf '%s %T@ %p\\n' 2>/dev/null"
+)
+# The same for each file xargs names (sh -c's "$@").
+_CODE_FIND = 'find "$@" -maxdepth 0 ' + _CODE_LISTING
+
+
+def record_code_command(layout: NodeLayout, run_id: str, remotes: Sequence[str]) -> str:
+    """Write what the job's code is on this node as it starts: the run id,
+    then size, mtime and path of every file under ``remotes`` (the synced
+    paths). Prints ``@tfcluster code recorded N``."""
+    f = rpath(f"{layout.root}/{CODE_FILE}")
+    targets = " ".join(shlex.quote("./" + rel_to_base(r)) for r in remotes)
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f"{{ echo {shlex.quote(run_id)}; (cd {_base(layout)} && "
+            f"find {targets} {_CODE_LISTING}) | LC_ALL=C sort; }} > {f}.tmp",
+            f"mv -f {f}.tmp {f}",
+            f"echo \"{FACT}code recorded $(($(wc -l < {f}) - 1))\"",
+        ]
+    )
+
+
+def check_code_command(layout: NodeLayout, run_id: str) -> str:
+    """Whether the files recorded when ``run_id`` started are unchanged:
+    prints ``@tfcluster code unknown`` (no record of that job),
+    ``@tfcluster code changed N`` and up to three ``@tfcluster code-file
+    PATH`` of the files changed or gone. Files added since do not count
+    (a program's own outputs)."""
+    f = rpath(f"{layout.root}/{CODE_FILE}")
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f'if [ "$(head -n 1 {f} 2>/dev/null)" != {shlex.quote(run_id)} ]; then '
+            f"echo '{FACT}code unknown'; exit 0; fi",
+            f"tail -n +2 {f} > {f}.was",
+            # The recorded paths (any bytes but a line break: the sync sends
+            # no other) as find's starting points, through "$@".
+            f"(cd {_base(layout)} && cut -d ' ' -f 3- < {f}.was | xargs -r -d '\\n' sh -c "
+            f"{shlex.quote(_CODE_FIND)} find) "
+            f"| LC_ALL=C sort > {f}.now",
+            f"LC_ALL=C comm -23 {f}.was {f}.now > {f}.diff",
+            f"echo \"{FACT}code changed $(wc -l < {f}.diff)\"",
+            f"head -n 3 {f}.diff | cut -d ' ' -f 3- | sed 's|^|{FACT}code-file |'",
+            f"rm -f {f}.was {f}.now {f}.diff",
+        ]
+    )
