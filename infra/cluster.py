@@ -146,6 +146,7 @@ class Cluster(ClusterJobs, ClusterAccess):
         `up` would create and what it costs are known from cluster.yaml alone."""
         try:
             self.provider.check_config()
+            self.provider.check_owner()
             existing = self.nodes()
         except CredentialsError as exc:
             if not dry_run:

@@ -68,6 +68,7 @@ class ClusterJobs(ClusterBase):
             "extra_args": tuple(job.args),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        values["data_dir"] = self.node_path(values["data_dir"])
         # The trainer's --epochs (after --) instead of a number of steps: the
         # trainer takes one or the other, so job.steps is not passed then.
         if any(a == "--epochs" or a.startswith("--epochs=") for a in values["extra_args"]):

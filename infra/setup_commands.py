@@ -35,6 +35,35 @@ def _marker(layout: NodeLayout) -> str:
     return f"{layout.root}/venv/{MARKER}"
 
 
+def _seed_lines(layout: NodeLayout, markers: Sequence[str]) -> list[str]:
+    """Where several clusters share a login (``layout.shared``), a venv
+    there of this very install (marked with one of ``markers``: the one an
+    older tfcluster made in the shared folder, a node image's baked one,
+    another cluster's) becomes this cluster's by hard links: no download,
+    no reinstall, a second or two. pip and Python replace files, never
+    write into them, so neither venv changes the other; the markers are
+    the copy's own files."""
+    if layout.shared is None:
+        return []
+    venv = rpath(f"{layout.root}/venv")
+    marker = rpath(_marker(layout))
+    wanted = " ".join(shlex.quote(m) for m in markers)
+    return [
+        f"if [ ! -x {rpath(layout.python)} ]; then",
+        f"  for s in {rpath(layout.shared)}/venv {rpath(layout.shared)}/*/venv; do",
+        f'    m="$(cat "$s/{MARKER}" 2>/dev/null)"; ok=0',
+        f'    for w in {wanted}; do [ "$m" = "$w" ] && ok=1; done',
+        '    if [ $ok = 1 ] && [ -x "$s/bin/python" ]; then',
+        f'      rm -rf {venv}; if cp -al "$s" {venv} 2>/dev/null; then',
+        f"        rm -f {marker} {venv}/.tfcluster-user-requirements",
+        f"        printf '%s\\n' \"$m\" > {marker}; echo '{FACT}venv copied'; break",
+        f"      fi; rm -rf {venv}",
+        "    fi",
+        "  done",
+        "fi",
+    ]
+
+
 def probe_command(
     layout: NodeLayout,
     fingerprint: str,
@@ -52,6 +81,7 @@ def probe_command(
         'export H="$PWD"',
         f"mkdir -p {rpath(layout.root)} {rpath(layout.code)} "
         + " ".join(rpath(i.remote) for i in items if i.filter is not None),
+        *_seed_lines(layout, [fingerprint, *([also] if also else [])]),
         f'm="$(cat {marker} 2>/dev/null)"',
         f'if [ -x {rpath(layout.python)} ] && {{ [ "$m" = {shlex.quote(fingerprint)} ]'
         + (f' || [ "$m" = {shlex.quote(also)} ]' if also else "")

@@ -50,6 +50,10 @@ class NodeLayout:
     python: str  # the interpreter that runs `python -m trainer`
     runs: str  # run folders written by the chief
     logs: str  # one log, pid and exit file per task of the current job
+    # The folder of the login that several clusters share (provider ssh:
+    # setup.remote_dir, each cluster's ``root`` in it); a venv there of the
+    # very install a node needs is copied (hard links) instead of installed.
+    shared: str | None = None
 
     @property
     def bin(self) -> str:

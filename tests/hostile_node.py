@@ -7,7 +7,7 @@ entries, or None where ``path`` is a file whose content is ``CONTENT``);
 every command fails (exit 1: no rsync, so a fetch takes the SFTP path).
 ``FakeNode(home=...)``: commands run with ``sh -c`` in ``home`` (so the
 system ssh and rsync work against it) and SFTP is paramiko's own, served
-from ``home``.
+from ``home`` (read-only, unless ``writable``).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class _HomeSFTP(paramiko.SFTPServerInterface):
         super().__init__(server)
         assert node.home is not None
         self.home = node.home
+        self.writable = node.writable
 
     def _real(self, path: str) -> str:
         return str(self.home / path.lstrip("/"))
@@ -127,11 +128,16 @@ class _HomeSFTP(paramiko.SFTPServerInterface):
     def open(
         self, path: str, flags: int, attr: paramiko.SFTPAttributes
     ) -> paramiko.SFTPHandle | int:
-        if flags & (os.O_WRONLY | os.O_RDWR):
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if writing and not self.writable:
             return SFTP_PERMISSION_DENIED
         handle = paramiko.SFTPHandle(flags)
         try:
-            handle.readfile = open(self._real(path), "rb")  # type: ignore[attr-defined]  # noqa: SIM115
+            if writing:  # paramiko hands over the os.open flags
+                fd = os.open(self._real(path), flags | os.O_CLOEXEC, 0o600)
+                handle.writefile = os.fdopen(fd, "wb")  # type: ignore[attr-defined]
+            else:
+                handle.readfile = open(self._real(path), "rb")  # type: ignore[attr-defined]  # noqa: SIM115
         except OSError as exc:
             return paramiko.SFTPServer.convert_errno(exc.errno or 0)
         return handle
@@ -172,10 +178,12 @@ class FakeNode:
         listing: Listing | None = None,
         home: Path | None = None,
         follow_output: str | None = None,
+        writable: bool = False,
     ) -> None:
         self.authorized = authorized
         self.listing = listing
         self.home = home
+        self.writable = writable
         self.follow_output = follow_output
         # paramiko generates no ed25519 keys; ECDSA is what OpenSSH accepts too.
         self.host_key: paramiko.PKey = paramiko.ECDSAKey.generate()
