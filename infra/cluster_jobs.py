@@ -209,7 +209,9 @@ class ClusterJobs(ClusterBase):
             # What a recovery will restart it with (infra/code_snapshot.py).
             code_snapshot.record(transport, self.config, spec.run_id, synced)
             clock.mark("sync")
-        elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
+        elif not transport.copies_files and program.in_workdir and workdir and (
+            workdir / "requirements.txt"
+        ).is_file():
             log.warning(
                 "the local cluster runs this machine's Python; install requirements.txt "
                 "into it yourself"
