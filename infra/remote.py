@@ -97,11 +97,13 @@ class SshTransport(Transport):
     def layout(self, node: str) -> NodeLayout:
         self.target(node)
         root = self.root
+        # The venv is setup.remote_dir's: the clusters of a login share one
+        # install (a TensorFlow install per cluster: minutes and gigabytes).
         shared = self.config.setup.remote_dir.rstrip("/") or "."
         return NodeLayout(
             root=root,
             code=f"{root}/code",
-            python=f"{root}/venv/bin/python",
+            python=f"{shared}/venv/bin/python",
             runs=f"{root}/runs",
             logs=f"{root}/logs",
             shared=shared if shared != root else None,

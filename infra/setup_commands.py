@@ -10,6 +10,7 @@ absolute ``setup.remote_dir``.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,33 +33,41 @@ RSYNC_FORMAT = "%i %l %n"
 
 
 def _marker(layout: NodeLayout) -> str:
-    return f"{layout.root}/venv/{MARKER}"
+    return f"{layout.venv}/{MARKER}"
 
 
-def _seed_lines(layout: NodeLayout, markers: Sequence[str]) -> list[str]:
-    """Where several clusters share a login (``layout.shared``), a venv
-    there of this very install (marked with one of ``markers``: the one an
-    older tfcluster made in the shared folder, a node image's baked one,
-    another cluster's) becomes this cluster's by hard links: no download,
-    no reinstall, a second or two. pip and Python replace files, never
-    write into them, so neither venv changes the other; the markers are
-    the copy's own files."""
+def _shared_env(layout: NodeLayout) -> list[str]:
+    """Lines that make a change to the node environment (the venv) its
+    only change at a time on the login: where several clusters share it
+    (provider ssh: ``<setup.remote_dir>/venv``), two `up`s at once would
+    install into one venv together. A lock on the node (flock, held until
+    the script ends), and an install that another cluster's is not
+    replaced (exit 22): a cluster of its own install needs a
+    ``setup.remote_dir`` of its own."""
+    env = rpath(layout.env)
+    return [
+        f"mkdir -p {env}",
+        f"exec 9>>{env}/.tfcluster-env.lock",
+        # Bounded: a daemon that a setup.command left running keeps fd 9.
+        "if command -v flock >/dev/null 2>&1 && ! flock -w 900 9; then "
+        f"echo 'another install in {layout.env} did not end within 15 minutes' >&2; exit 23; fi",
+    ]
+
+
+def _not_another_install(layout: NodeLayout, plan: InstallPlan) -> list[str]:
+    """Refuse (exit 22) to replace a venv of another install while other
+    clusters share it: their jobs would run on this one's packages."""
     if layout.shared is None:
         return []
-    venv = rpath(f"{layout.root}/venv")
     marker = rpath(_marker(layout))
-    wanted = " ".join(shlex.quote(m) for m in markers)
+    own = shlex.quote(posixpath.basename(layout.root))
     return [
-        f"if [ ! -x {rpath(layout.python)} ]; then",
-        f"  for s in {rpath(layout.shared)}/venv {rpath(layout.shared)}/*/venv; do",
-        f'    m="$(cat "$s/{MARKER}" 2>/dev/null)"; ok=0',
-        f'    for w in {wanted}; do [ "$m" = "$w" ] && ok=1; done',
-        '    if [ $ok = 1 ] && [ -x "$s/bin/python" ]; then',
-        f'      rm -rf {venv}; if cp -al "$s" {venv} 2>/dev/null; then',
-        f"        rm -f {marker} {venv}/.tfcluster-user-requirements",
-        f"        printf '%s\\n' \"$m\" > {marker}; echo '{FACT}venv copied'; break",
-        f"      fi; rm -rf {venv}",
-        "    fi",
+        f'm="$(cat {marker} 2>/dev/null)"',
+        f'if [ -n "$m" ] && [ "$m" != {shlex.quote(plan.fingerprint)} ]; then',
+        f"  for d in {rpath(layout.shared)}/*-{'[0-9a-f]' * 12}/; do",
+        f'    n="${{d%/}}"; n="${{n##*/}}"; [ -d "$d" ] && [ "$n" != {own} ] || continue',
+        f'    echo "{layout.venv} holds another install, which the cluster in '
+        f'{layout.shared}/$n shares; give this cluster its own setup.remote_dir" >&2; exit 22',
         "  done",
         "fi",
     ]
@@ -81,7 +90,6 @@ def probe_command(
         'export H="$PWD"',
         f"mkdir -p {rpath(layout.root)} {rpath(layout.code)} "
         + " ".join(rpath(i.remote) for i in items if i.filter is not None),
-        *_seed_lines(layout, [fingerprint, *([also] if also else [])]),
         f'm="$(cat {marker} 2>/dev/null)"',
         f'if [ -x {rpath(layout.python)} ] && {{ [ "$m" = {shlex.quote(fingerprint)} ]'
         + (f' || [ "$m" = {shlex.quote(also)} ]' if also else "")
@@ -114,12 +122,14 @@ def install_command(layout: NodeLayout, plan: InstallPlan, wheelhouse: str | Non
         'export H="$PWD"',
         f'say() {{ echo "{FACT}$*"; }}',
         f"mkdir -p {rpath(layout.root)}",
+        *_shared_env(layout),
+        *_not_another_install(layout, plan),
         # A half-done install must never look done: the marker goes first.
         f"rm -f {rpath(_marker(layout))}",
         f"if ! command -v {py} >/dev/null 2>&1; then",
         f"  echo {shlex.quote(f'no {plan.python} on this node (setup.python)')} >&2; exit 20",
         "fi",
-        *_venv_lines(plan, py, rpath(f"{layout.root}/venv"), vpy),
+        *_venv_lines(plan, py, rpath(layout.venv), vpy),
         *_pip_lines(layout, plan, vpy, wheelhouse),
     ]
     for index, command in enumerate(plan.commands, 1):
@@ -147,8 +157,8 @@ def _pip_lines(
 ) -> list[str]:
     """Write the requirements and constraints on the node and install them
     into the venv (from the uploaded wheelhouse, if any)."""
-    reqs = rpath(f"{layout.root}/requirements.txt")
-    cons = rpath(f"{layout.root}/constraints.txt")
+    reqs = rpath(f"{layout.env}/requirements.txt")
+    cons = rpath(f"{layout.env}/constraints.txt")
     requirements = shlex.quote(plan.requirements.rstrip("\n"))
     pip = f"{vpy} -m pip --disable-pip-version-check"
     source = f"--no-index --find-links {rpath(wheelhouse)}" if wheelhouse else ""
@@ -226,11 +236,12 @@ def user_requirements_command(
     unless that very content was installed last (its hash is kept in the
     venv folder: a new venv installs again). Prints ``@tfcluster requirements
     installed`` or ``... current``."""
-    marker = rpath(f"{layout.root}/venv/.tfcluster-user-requirements")
+    marker = rpath(f"{layout.venv}/.tfcluster-user-requirements")
     links = f" --find-links {rpath(wheelhouse)}" if wheelhouse else ""
     return "\n".join(
         [
             'export H="$PWD"',
+            *_shared_env(layout),
             f'if [ "$(cat {marker} 2>/dev/null)" = {shlex.quote(digest)} ]; then',
             f"  echo '{FACT}requirements current'; exit 0",
             "fi",

@@ -15,8 +15,9 @@ left as it is.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import subprocess
-import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +28,8 @@ from infra.cluster import Cluster
 from infra.config import parse_config
 from infra.keys import ensure_key_pair
 from infra.setup import install_plan
-from infra.setup_commands import MARKER, probe_command
-from infra.setup_facts import parse_probe
+from infra.setup_commands import MARKER, install_command
 from infra.state import ClusterState
-from infra.transport import NodeLayout
 from tests.hostile_node import FakeNode, fake_node
 from tests.procs import none_left_in, processes_in
 
@@ -143,46 +142,57 @@ def test_two_local_clusters_of_one_name_keep_to_their_own(tmp_path: Path) -> Non
             none_left_in(tmp_path / who)
 
 
-def test_a_venv_of_the_same_install_on_the_login_is_copied(tmp_path: Path) -> None:
-    """A cluster's own folder would mean a TensorFlow install per cluster
-    (minutes, a download, the wheelhouse uploaded again) where the login
-    has one already: the venv an older tfcluster made in the shared folder,
-    the node image's baked one, another cluster's. The setup's probe copies
-    one of the very install by hard links, and finds it installed."""
+def test_one_login_shares_one_node_environment_one_install_at_a_time(tmp_path: Path) -> None:
+    """The venv is the login's (a TensorFlow install per cluster would cost
+    minutes and gigabytes, and a node image's baked one would go unused):
+    the clusters there share it. Two `up`s at once install one after the
+    other (a lock on the node), and an install another cluster shares is
+    not replaced by a different one (exit 22, one line)."""
+    config = parse_config(
+        {"name": "lab", "provider": "ssh", "nodes": ["pc-1"], "hosts": {"pc-1": "127.0.0.1:2201"},
+         "roles": {"ps": [], "chief": "pc-1", "worker": []}, "job": {"mode": "single"}},
+        source="lab.yaml", base_dir=tmp_path,
+    )  # fmt: skip
+    layouts = []
+    for who in ("alice", "bob"):
+        provider = Cluster(config, ClusterState("lab", home=tmp_path / who)).provider
+        layouts.append(provider.transport(provider.non_terminated_nodes()).layout("pc-1"))
+    alice, bob = layouts
+    assert alice.root != bob.root and alice.root.startswith("tfcluster/lab-")
+    assert alice.python == bob.python == "tfcluster/venv/bin/python"
     home = tmp_path / "host"
-    template = home / "tfcluster" / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(template)], check=True)
-    plan = install_plan(parse_config({"name": "lab"}, source="lab.yaml", base_dir=tmp_path))
-    (template / MARKER).write_text(plan.fingerprint + "\n")
-    (template / ".tfcluster-user-requirements").write_text("digest\n")
-    root = "tfcluster/lab-0123456789ab"
-    layout = NodeLayout(root, f"{root}/code", f"{root}/venv/bin/python", "r", "l", "tfcluster")
+    (home / "tfcluster" / "venv").mkdir(parents=True)
+    marker = home / "tfcluster" / "venv" / MARKER
+    marker.write_text("sha256:bobs-install\n")
+    (home / bob.root).mkdir()
+    # Python missing on purpose: what passes the guard and the lock ends there.
+    plan = dataclasses.replace(install_plan(config), python="no-such-python")
+    script = install_command(alice, plan, None)
 
-    def probe(fingerprint: str) -> str:
-        done = subprocess.run(
-            ["bash", "-c", probe_command(layout, fingerprint)],
-            cwd=home, capture_output=True, text=True, check=True,
+    def install() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            ["bash", "-c", script], cwd=home, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
-        return done.stdout
 
-    other = dataclasses.replace(plan, requirements=plan.requirements + "six==1.16.0\n")
-    out = probe(other.fingerprint)  # another install: nothing to copy
-    assert not parse_probe(out).installed and "venv copied" not in out
-    assert not (home / root / "venv").exists()
-    out = probe(plan.fingerprint)
-    assert parse_probe(out).installed and "@tfcluster venv copied" in out
-    copy = home / root / "venv"
-    prefix = subprocess.run(
-        [str(copy / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    assert prefix == str(copy)  # a venv of its own, not the template
-    assert (copy / "pyvenv.cfg").stat().st_ino == (template / "pyvenv.cfg").stat().st_ino
-    # The markers are the copy's own files.
-    assert (copy / MARKER).stat().st_ino != (template / MARKER).stat().st_ino
-    assert not (copy / ".tfcluster-user-requirements").exists()
-    assert (template / ".tfcluster-user-requirements").read_text() == "digest\n"
-    assert (template / MARKER).read_text() == (copy / MARKER).read_text()
+    refused = install()
+    _, err = refused.communicate(timeout=30)
+    assert refused.returncode == 22, err
+    assert err == (
+        f"tfcluster/venv holds another install, which the cluster in {bob.root} shares; "
+        "give this cluster its own setup.remote_dir\n"
+    )
+    assert marker.read_text() == "sha256:bobs-install\n"  # untouched
+
+    (home / bob.root).rmdir()  # no other cluster there: alice's to replace
+    with open(home / "tfcluster" / ".tfcluster-env.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another install runs
+        waiting = install()
+        time.sleep(1.5)
+        assert waiting.poll() is None  # waits for it
+    _, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 20 and "no no-such-python on this node" in err, err
+    assert not marker.exists()  # it went on once the lock was free
 
 
 def test_a_data_dir_in_the_remote_dir_is_in_the_clusters_own_folder(tmp_path: Path) -> None:
