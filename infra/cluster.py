@@ -159,6 +159,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         `up` would create and what it costs are known from cluster.yaml alone."""
         try:
             self.provider.check_config()
+            self.provider.check_owner()
             existing = self.nodes()
         except CredentialsError as exc:
             if not dry_run:
@@ -269,13 +270,19 @@ class Cluster(ClusterRuns, ClusterAccess):
             return autostop.summarize(autostop.report(transport, [n.name for n in running]))
 
     def setup(
-        self, nodes: Sequence[Node], *, on_event: Callable[[str, str], None] | None = None
+        self,
+        nodes: Sequence[Node],
+        *,
+        on_event: Callable[[str, str], None] | None = None,
+        sync: bool = True,
     ) -> SetupReport:
+        """Install on ``nodes`` and (unless ``sync`` is False: a recovery
+        keeps the code its job started with) sync the code to them."""
         from infra.setup import setup_nodes
 
         with self.provider.transport(nodes) as transport:
             self._wait_ssh(transport)
-            return setup_nodes(transport, self.config, on_event=on_event)
+            return setup_nodes(transport, self.config, on_event=on_event, sync=sync)
 
     def plan_down(self) -> DownPlan:
         return plan_down(self.nodes(), self.provider.shared_resources())

@@ -106,6 +106,17 @@ class ClusterBase:
                 f"{node} is not a node of {self.config.name} ({', '.join(self.config.nodes)})"
             )
 
+    def node_path(self, path: str | None) -> str | None:
+        """A path on the nodes as cluster.yaml names it (``job.data_dir``):
+        one in ``setup.remote_dir`` is in the cluster's own folder there
+        (provider ssh: ``tfcluster/mnist`` is ``tfcluster/<name>-<id>/mnist``,
+        where setup.sync puts it); any other is as given."""
+        base = self.config.setup.remote_dir.rstrip("/") or "."
+        root = self.provider.remote_root()
+        if path is None or root == base or not (path + "/").startswith(base + "/"):
+            return path
+        return root + path[len(base) :]
+
     def last_job(self) -> JobRecord | None:
         data = self.state.get("last_job")
         return JobRecord.from_dict(data) if isinstance(data, dict) else None

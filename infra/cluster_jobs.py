@@ -76,6 +76,7 @@ class ClusterJobs(ClusterBucket):
             "extra_args": tuple(job.args),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        values["data_dir"] = self.node_path(values["data_dir"])
         # The trainer's --epochs (after --) instead of a number of steps: the
         # trainer takes one or the other, so job.steps is not passed then.
         if any(a == "--epochs" or a.startswith("--epochs=") for a in values["extra_args"]):
@@ -250,15 +251,18 @@ class ClusterJobs(ClusterBucket):
         transport = self._job_transport(names)
         self._autostop_touch(transport, names)
         if sync and transport.copies_files:
+            from infra import code_snapshot
             from infra.setup import sync_nodes
 
             self._wait_ssh(transport)
-            report = sync_nodes(
-                transport, self.config, workdir=workdir if program.in_workdir else None
-            )
-            log_sync(report)
+            synced = workdir if program.in_workdir else None
+            log_sync(sync_nodes(transport, self.config, workdir=synced))
+            # What a recovery will restart it with (infra/code_snapshot.py).
+            code_snapshot.record(transport, self.config, spec.run_id, synced)
             clock.mark("sync")
-        elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
+        elif not transport.copies_files and program.in_workdir and workdir and (
+            workdir / "requirements.txt"
+        ).is_file():
             log.warning(
                 "the local cluster runs this machine's Python; install requirements.txt "
                 "into it yourself"
@@ -339,13 +343,34 @@ class ClusterJobs(ClusterBucket):
 
         self.state.modify(put)
 
-    @locked("cancel")
     def cancel(self) -> tuple[JobRecord, list[str]]:
-        """Stop every task of the running (or last) job on purpose."""
+        """Stop every task of the running (or last) job on purpose. The job
+        is marked cancelled first, without the lock: a recovery holds the
+        lock for minutes while it starts a node again (no task runs then),
+        and looks for the mark after each of its waits; it then ends there."""
+        record = self.last_job()
+        if record is not None:
+            self._mark_cancelled(record.run_id)
+            holder = self._lock.holder()
+            if holder is not None and holder.command == "recover":
+                log.warning(
+                    "%s is being recovered (%s); it stops at its next step, not restarted",
+                    record.run_id,
+                    holder.describe(),
+                )
+                return record, []
         return self._cancel()
 
+    def _mark_cancelled(self, run_id: str) -> None:
+        def put(data: dict[str, Any]) -> None:
+            last = data.get("last_job")
+            if isinstance(last, dict) and last.get("run_id") == run_id:
+                last["cancelled"] = True
+
+        self.state.modify(put)
+
+    @locked("cancel")
     def _cancel(self) -> tuple[JobRecord, list[str]]:
-        """``cancel`` for a caller that holds the lock already."""
         record = self.last_job()
         if record is None:
             raise StateError("no job to cancel: none of this cluster is known")
@@ -377,6 +402,9 @@ class ClusterJobs(ClusterBucket):
             # A job's end is written without the cluster lock (see lock()):
             # by then a newer job may be the last one, and it stays so.
             if exit_code is None or not last or last.get("run_id") == record.run_id:
+                # A cancel asked for meanwhile stays asked for (a recovery
+                # reads it); a launch is a new start.
+                record.cancelled = exit_code is not None and bool(last and last.get("cancelled"))
                 data["last_job"] = record.__dict__
 
         self.state.modify(put)

@@ -5,13 +5,19 @@ trainer requirements, python3-venv first if the image lacks it (a fresh
 Debian VM does: ``sudo apt-get``), then ``setup.commands``. What was
 installed is summed up in one fingerprint (``InstallPlan.fingerprint``: the
 requirements text, the Python, the wheelhouse listing, the commands and the
-GPU flag) that the install writes last, to ``<root>/venv/.tfcluster-install``;
+GPU flag) that the install writes last, to ``<venv>/.tfcluster-install``;
 a later ``up`` whose fingerprint matches installs nothing. The node image's
 ``BAKE_VENV=1`` build writes the same marker (``python -m infra.setup
 marker``), so fresh containers start with nothing to install.
 
+The venv is ``<setup.remote_dir>/venv`` (``layout.env``): on provider ssh
+the clusters of one login share it (each keeps everything else in a folder
+of its own), a lock on the node lets one install at a time, and an install
+another cluster shares is never replaced by another one (one line: give
+the cluster its own ``setup.remote_dir``).
+
 With ``setup.wheelhouse`` (a local folder of wheels) the folder is copied to
-``<root>/wheelhouse`` (incrementally) and pip installs with ``--no-index``:
+``<env>/wheelhouse`` (incrementally) and pip installs with ``--no-index``:
 nodes need no PyPI. On GPU nodes the node gets ``tensorflow[and-cuda]`` of
 the pinned version instead of tensorflow-cpu (``gpu_requirements``).
 
@@ -205,7 +211,7 @@ def _upload_wheelhouse(
     if plan.wheelhouse is None:
         return None
     on_event(node, f"uploading the wheelhouse ({len(plan.wheels or ())} wheels)")
-    remote = f"{transport.layout(node).root}/wheelhouse"
+    remote = f"{transport.layout(node).env}/wheelhouse"
     stats, _ = sync_to_node(
         transport, node, [SyncItem(plan.wheelhouse, remote)], rsync=rsync, contents=True
     )
@@ -247,7 +253,7 @@ def install_user_requirements(
         return False
     layout = transport.layout(node)
     digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
-    wheelhouse = f"{layout.root}/wheelhouse" if config.setup.wheelhouse else None
+    wheelhouse = f"{layout.env}/wheelhouse" if config.setup.wheelhouse else None
     command = user_requirements_command(
         layout, f"{item.remote}/requirements.txt", digest, wheelhouse
     )

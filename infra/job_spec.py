@@ -176,6 +176,8 @@ class JobRecord:
     command: list[str] = field(default_factory=list)
     model: str | None = None
     mode: str | None = None
+    # `deploy.py cancel` asked for its end: a recovery does not restart it.
+    cancelled: bool = False
 
     @classmethod
     def from_dict(cls, data: Any) -> JobRecord:
@@ -196,6 +198,8 @@ class JobRecord:
         for name in ("started_at", "model", "mode"):
             if name in data and not isinstance(data[name], str | None):
                 raise ValueError(f"{name} is not text")
+        if not isinstance(data.get("cancelled", False), bool):
+            raise ValueError("cancelled is not true or false")
         if not _is_int(data.get("exit_code"), none=True):
             raise ValueError("exit_code is not a number")
         command = data.get("command", [])

@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from infra import commands
+from infra import code_snapshot, commands
+from infra.cluster_jobs import CANCELLED
 from infra.errors import CapacityError, JobFailed, RemoteError, StateError, TfclusterError
 from infra.job import Job
 from infra.job_spec import JobSpec
@@ -169,6 +170,10 @@ class _Watch:
             return
 
 
+class _Cancelled(Exception):
+    """`deploy.py cancel` asked for the job's end during its recovery."""
+
+
 class Recovery:
     """Follows a launched job to its end, restarting it when nodes are lost."""
 
@@ -195,9 +200,20 @@ class Recovery:
         self.restarts = 0
 
     def watch(self, job: Job, dest: Path) -> tuple[int, Job]:
-        """The chief's exit code at the end, and the job as it last ran."""
+        """The chief's exit code at the end, and the job as it last ran
+        (CANCELLED once `deploy.py cancel` asked for its end)."""
+        try:
+            return self._watch(job, dest)
+        except _Cancelled as cancelled:
+            self.note(str(cancelled))
+            self.cluster.remember(job, exit_code=CANCELLED)
+            return CANCELLED, job
+
+    def _watch(self, job: Job, dest: Path) -> tuple[int, Job]:
         while True:
             code, failure = self._follow(job, dest)
+            if code != 0 or failure is not None:
+                self._stop_if_cancelled("")
             names = sorted({t.node for t in job.tasks})
             lost = lost_nodes(self.cluster.provider.non_terminated_nodes(), names)
             decision = decide(
@@ -232,7 +248,7 @@ class Recovery:
                 )
                 try:
                     self._start(list(decision.nodes))
-                except TfclusterError as exc:  # the job itself succeeded
+                except (TfclusterError, _Cancelled) as exc:  # the job itself succeeded
                     log.warning("could not start %s again: %s", ", ".join(decision.nodes), exc)
             return code
         if decision.action == "fail":
@@ -271,9 +287,32 @@ class Recovery:
             # would refuse; it starts over (a program of yours decides
             # for itself with TFCLUSTER_RESUME).
             self.note("no checkpoint yet: the job starts over")
+        # The code it started with, never today's working folder: no sync,
+        # and the nodes' copies checked against what the launch recorded.
+        self._check_code(names)
+        self._stop_if_cancelled(" while its nodes were made ready again")
         return self.cluster.launch(
-            self.spec, workdir=self.workdir, on_event=self.on_event, on_log=self.on_log
+            self.spec,
+            workdir=self.workdir,
+            on_event=self.on_event,
+            on_log=self.on_log,
+            sync=False,
         )
+
+    def _check_code(self, names: Sequence[str]) -> None:
+        if self.spec.program.builtin:
+            hint = "its checkpoints are kept: `deploy.py train --resume` goes on with today's code"
+        else:
+            hint = "its run folder is kept on the nodes: `deploy.py run` starts it again"
+        existing = [n for n in self.cluster.nodes() if n.name in names]
+        with self.cluster.provider.transport(existing) as transport:
+            code_snapshot.check(transport, self.spec.run_id, hint=hint)
+
+    def _stop_if_cancelled(self, when: str) -> None:
+        """After each wait: end here if `deploy.py cancel` asked for it."""
+        last = self.cluster.last_job()
+        if last is not None and last.run_id == self.spec.run_id and last.cancelled:
+            raise _Cancelled(f"{self.spec.run_id} was cancelled{when}; it is not restarted")
 
     def _has_checkpoint(self, job: Job) -> bool:
         """Whether the built-in trainer left a checkpoint to resume from in
@@ -320,6 +359,7 @@ class Recovery:
                     self.cluster.provider.start_nodes(names)
                     break
                 except CapacityError as exc:
+                    self._stop_if_cancelled(f" while {', '.join(names)} could not start")
                     tried.append(str(exc))
                     if attempt == policy.capacity_tries:
                         raise CapacityError(
@@ -330,8 +370,12 @@ class Recovery:
                         ) from None
                     self.note(f"no capacity yet ({exc}); trying again in {delay:.0f} s")
                     self.sleep(delay)
+                    self._stop_if_cancelled(f" while {', '.join(names)} could not start")
                     delay = min(delay * 2, policy.capacity_max_s)
+            started = f" while {', '.join(names)} started again (`deploy.py stop` stops it)"
+            self._stop_if_cancelled(started)
             existing = self.cluster.nodes()
             nodes = [n for n in existing if n.name in names]
-            self.cluster.setup(nodes)
+            self.cluster.setup(nodes, sync=False)
+            self._stop_if_cancelled(started)
             self.cluster.ensure_autostop(nodes)

@@ -68,11 +68,16 @@ class SshTransport(Transport):
         key_file: Path,
         host_keys: Callable[[str], HostKeys | None] | None = None,
         auth_hint: Callable[[], str | None] | None = None,
+        root: str | None = None,
     ) -> None:
         """``host_keys``: the provider's ``host_keys`` by node name (None:
         trust on first use). ``auth_hint``: the provider's word on why the
-        nodes may refuse our key (GCE: OS Login enforced), for that error."""
+        nodes may refuse our key (GCE: OS Login enforced), for that error.
+        ``root``: the cluster's folder on the nodes (default
+        ``setup.remote_dir``; provider ssh: a folder of the cluster's own in
+        it, as other clusters may share the login)."""
         super().__init__([t.node for t in targets])
+        self.root = (root or config.setup.remote_dir).rstrip("/") or "."
         self.targets = {t.node: t for t in targets}
         self.config = config
         self.state = state
@@ -93,13 +98,17 @@ class SshTransport(Transport):
 
     def layout(self, node: str) -> NodeLayout:
         self.target(node)
-        root = self.config.setup.remote_dir.rstrip("/") or "."
+        root = self.root
+        # The venv is setup.remote_dir's: the clusters of a login share one
+        # install (a TensorFlow install per cluster: minutes and gigabytes).
+        shared = self.config.setup.remote_dir.rstrip("/") or "."
         return NodeLayout(
             root=root,
             code=f"{root}/code",
-            python=f"{root}/venv/bin/python",
+            python=f"{shared}/venv/bin/python",
             runs=f"{root}/runs",
             logs=f"{root}/logs",
+            shared=shared if shared != root else None,
         )
 
     def target(self, node: str) -> SshTarget:

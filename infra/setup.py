@@ -123,9 +123,11 @@ def _setup_node(
     plan: InstallPlan | None,
     on_event: OnEvent,
     workdir: Path | None = None,
+    sync: bool = True,
 ) -> NodeSetup:
-    """Probe, install (with ``plan``), check the GPUs and sync one node;
-    with ``workdir`` its working folder and requirements.txt too."""
+    """Probe, install (with ``plan``), check the GPUs and sync (unless
+    ``sync`` is False) one node; with ``workdir`` its working folder and
+    requirements.txt too."""
     started = time.monotonic()
     report = NodeSetup(node)
     layout = transport.layout(node)
@@ -148,6 +150,9 @@ def _setup_node(
             )
         if plan.gpu:
             report.gpus = _check_gpus(transport, node, config, layout, on_event)
+    if not sync:
+        report.seconds = time.monotonic() - started
+        return report
     stats, report.method = sync_stale(transport, node, items, listing, rsync=use_rsync)
     report.files, report.bytes, report.deleted = stats.files, stats.bytes, stats.deleted
     if work is not None:
@@ -217,9 +222,10 @@ def setup_nodes(
     install: bool = True,
     check: bool = True,
     workdir: Path | None = None,
+    sync: bool = True,
 ) -> SetupReport:
-    """Install (unless ``install`` is False) and sync on every node of
-    ``transport``, all at once. Each node's outcome is in the report; with
+    """Install (unless ``install`` is False) and sync (unless ``sync`` is
+    False) on every node of ``transport``, all at once. Each node's outcome is in the report; with
     ``check`` a failure on any node raises one ``RemoteError`` naming each
     failed node (its ``report`` attribute holds the whole report)."""
     if not transport.copies_files:
@@ -233,7 +239,8 @@ def setup_nodes(
     for node in transport.nodes:  # config mistakes surface once, before any node work
         sync_items(config, transport.layout(node))
     done = fan_out(
-        lambda node: _setup_node(transport, node, config, plan, emit, workdir), transport.nodes
+        lambda node: _setup_node(transport, node, config, plan, emit, workdir, sync),
+        transport.nodes,
     )
     reports = {
         node: done.results[node]

@@ -10,6 +10,7 @@ absolute ``setup.remote_dir``.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +33,44 @@ RSYNC_FORMAT = "%i %l %n"
 
 
 def _marker(layout: NodeLayout) -> str:
-    return f"{layout.root}/venv/{MARKER}"
+    return f"{layout.venv}/{MARKER}"
+
+
+def _shared_env(layout: NodeLayout) -> list[str]:
+    """Lines that make a change to the node environment (the venv) its
+    only change at a time on the login: where several clusters share it
+    (provider ssh: ``<setup.remote_dir>/venv``), two `up`s at once would
+    install into one venv together. A lock on the node (flock, held until
+    the script ends), and an install that another cluster's is not
+    replaced (exit 22): a cluster of its own install needs a
+    ``setup.remote_dir`` of its own."""
+    env = rpath(layout.env)
+    return [
+        f"mkdir -p {env}",
+        f"exec 9>>{env}/.tfcluster-env.lock",
+        # Bounded: a daemon that a setup.command left running keeps fd 9.
+        "if command -v flock >/dev/null 2>&1 && ! flock -w 900 9; then "
+        f"echo 'another install in {layout.env} did not end within 15 minutes' >&2; exit 23; fi",
+    ]
+
+
+def _not_another_install(layout: NodeLayout, plan: InstallPlan) -> list[str]:
+    """Refuse (exit 22) to replace a venv of another install while other
+    clusters share it: their jobs would run on this one's packages."""
+    if layout.shared is None:
+        return []
+    marker = rpath(_marker(layout))
+    own = shlex.quote(posixpath.basename(layout.root))
+    return [
+        f'm="$(cat {marker} 2>/dev/null)"',
+        f'if [ -n "$m" ] && [ "$m" != {shlex.quote(plan.fingerprint)} ]; then',
+        f"  for d in {rpath(layout.shared)}/*-{'[0-9a-f]' * 12}/; do",
+        f'    n="${{d%/}}"; n="${{n##*/}}"; [ -d "$d" ] && [ "$n" != {own} ] || continue',
+        f'    echo "{layout.venv} holds another install, which the cluster in '
+        f'{layout.shared}/$n shares; give this cluster its own setup.remote_dir" >&2; exit 22',
+        "  done",
+        "fi",
+    ]
 
 
 def probe_command(
@@ -84,12 +122,14 @@ def install_command(layout: NodeLayout, plan: InstallPlan, wheelhouse: str | Non
         'export H="$PWD"',
         f'say() {{ echo "{FACT}$*"; }}',
         f"mkdir -p {rpath(layout.root)}",
+        *_shared_env(layout),
+        *_not_another_install(layout, plan),
         # A half-done install must never look done: the marker goes first.
         f"rm -f {rpath(_marker(layout))}",
         f"if ! command -v {py} >/dev/null 2>&1; then",
         f"  echo {shlex.quote(f'no {plan.python} on this node (setup.python)')} >&2; exit 20",
         "fi",
-        *_venv_lines(plan, py, rpath(f"{layout.root}/venv"), vpy),
+        *_venv_lines(plan, py, rpath(layout.venv), vpy),
         *_pip_lines(layout, plan, vpy, wheelhouse),
     ]
     for index, command in enumerate(plan.commands, 1):
@@ -117,8 +157,8 @@ def _pip_lines(
 ) -> list[str]:
     """Write the requirements and constraints on the node and install them
     into the venv (from the uploaded wheelhouse, if any)."""
-    reqs = rpath(f"{layout.root}/requirements.txt")
-    cons = rpath(f"{layout.root}/constraints.txt")
+    reqs = rpath(f"{layout.env}/requirements.txt")
+    cons = rpath(f"{layout.env}/constraints.txt")
     requirements = shlex.quote(plan.requirements.rstrip("\n"))
     pip = f"{vpy} -m pip --disable-pip-version-check"
     source = f"--no-index --find-links {rpath(wheelhouse)}" if wheelhouse else ""
@@ -210,11 +250,12 @@ def user_requirements_command(
     unless that very content was installed last (its hash is kept in the
     venv folder: a new venv installs again). Prints ``@tfcluster requirements
     installed`` or ``... current``."""
-    marker = rpath(f"{layout.root}/venv/.tfcluster-user-requirements")
+    marker = rpath(f"{layout.venv}/.tfcluster-user-requirements")
     links = f" --find-links {rpath(wheelhouse)}" if wheelhouse else ""
     return "\n".join(
         [
             'export H="$PWD"',
+            *_shared_env(layout),
             f'if [ "$(cat {marker} 2>/dev/null)" = {shlex.quote(digest)} ]; then',
             f"  echo '{FACT}requirements current'; exit 0",
             "fi",
@@ -226,10 +267,17 @@ def user_requirements_command(
     )
 
 
-def rsync_args(sources: Sequence[Path], dest: str, *, contents: bool) -> list[str]:
+def rsync_args(
+    sources: Sequence[Path], dest: str, *, contents: bool, hidden: Sequence[str] = ()
+) -> list[str]:
     """rsync flags for ``sources`` into the node folder ``dest``. With
-    ``contents`` the one source folder's *contents* go into ``dest``."""
+    ``contents`` the one source folder's *contents* go into ``dest``.
+    ``hidden`` (paths from the transfer's root, ``/a/key``; or a name,
+    ``.ssh/``, anywhere) are never sent, and deleted on the node should an
+    earlier sync have sent them: a hide rule (``H``) is the sender's alone,
+    so it protects nothing there."""
     args = ["-a", "-z", "--delete", f"--out-format={RSYNC_FORMAT}"]
+    args += [f"--filter=H {rsync_pattern(path)}" for path in hidden]
     args += [f"--exclude={pattern}" for pattern in EXCLUDES]
     # "--": a source path that starts with "-" is a path, never an option.
     args.append("--")
@@ -238,6 +286,15 @@ def rsync_args(sources: Sequence[Path], dest: str, *, contents: bool) -> list[st
     else:
         args += [str(s) for s in sources]
     return args
+
+
+def rsync_pattern(path: str) -> str:
+    """``path`` as an rsync pattern that matches it alone (anchored when it
+    starts with ``/``): rsync reads ``*``, ``?`` and ``[`` as wildcards, and
+    a backslash as an escape only in a pattern that has one of them."""
+    if any(c in path for c in "*?["):
+        return "".join("\\" + c if c in "\\*?[" else c for c in path)
+    return path
 
 
 def _base(layout: NodeLayout) -> str:
@@ -296,3 +353,57 @@ def apply_command(
         ]
     lines.append(f"echo '{FACT}applied'")
     return "\n".join(lines)
+
+
+# -- the code a job started with (infra/code_snapshot.py) ------------------------------
+
+CODE_FILE = ".tfcluster-code"
+# `SIZE MTIME ./PATH` of the synced files (from _base), sorted bytewise.
+_CODE_LISTING = (
+    "-name __pycache__ -prune -o -type f ! -name '*.pyc' -printf '%s %T@ %p\\n' 2>/dev/null"
+)
+# The same for each file xargs names (sh -c's "$@").
+_CODE_FIND = 'find "$@" -maxdepth 0 ' + _CODE_LISTING
+
+
+def record_code_command(layout: NodeLayout, run_id: str, remotes: Sequence[str]) -> str:
+    """Write what the job's code is on this node as it starts: the run id,
+    then size, mtime and path of every file under ``remotes`` (the synced
+    paths). Prints ``@tfcluster code recorded N``."""
+    f = rpath(f"{layout.root}/{CODE_FILE}")
+    targets = " ".join(shlex.quote("./" + rel_to_base(r)) for r in remotes)
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f"{{ echo {shlex.quote(run_id)}; (cd {_base(layout)} && "
+            f"find {targets} {_CODE_LISTING}) | LC_ALL=C sort; }} > {f}.tmp",
+            f"mv -f {f}.tmp {f}",
+            f"echo \"{FACT}code recorded $(($(wc -l < {f}) - 1))\"",
+        ]
+    )
+
+
+def check_code_command(layout: NodeLayout, run_id: str) -> str:
+    """Whether the files recorded when ``run_id`` started are unchanged:
+    prints ``@tfcluster code unknown`` (no record of that job),
+    ``@tfcluster code changed N`` and up to three ``@tfcluster code-file
+    PATH`` of the files changed or gone. Files added since do not count
+    (a program's own outputs)."""
+    f = rpath(f"{layout.root}/{CODE_FILE}")
+    return "\n".join(
+        [
+            'export H="$PWD"',
+            f'if [ "$(head -n 1 {f} 2>/dev/null)" != {shlex.quote(run_id)} ]; then '
+            f"echo '{FACT}code unknown'; exit 0; fi",
+            f"tail -n +2 {f} > {f}.was",
+            # The recorded paths (any bytes but a line break: the sync sends
+            # no other) as find's starting points, through "$@".
+            f"(cd {_base(layout)} && cut -d ' ' -f 3- < {f}.was | xargs -r -d '\\n' sh -c "
+            f"{shlex.quote(_CODE_FIND)} find) "
+            f"| LC_ALL=C sort > {f}.now",
+            f"LC_ALL=C comm -23 {f}.was {f}.now > {f}.diff",
+            f"echo \"{FACT}code changed $(wc -l < {f}.diff)\"",
+            f"head -n 3 {f}.diff | cut -d ' ' -f 3- | sed 's|^|{FACT}code-file |'",
+            f"rm -f {f}.was {f}.now {f}.diff",
+        ]
+    )

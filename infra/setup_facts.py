@@ -151,3 +151,26 @@ def parse_compare(stdout: str, layout: NodeLayout) -> Comparison:
         elif section == "present":
             present.add(path)
     return Comparison(changed, present)
+
+
+@dataclass(frozen=True)
+class CodeCheck:
+    """What ``check_code_command`` found: ``known`` (the node has a record
+    of the job), how many recorded files changed or are gone, some of them."""
+
+    known: bool
+    changed: int = 0
+    files: tuple[str, ...] = ()
+
+
+def parse_code_check(stdout: str) -> CodeCheck:
+    """A node that printed nothing we read has no record: unknown."""
+    known, changed, files = False, 0, []
+    for line in stdout.splitlines():
+        if line.startswith(FACT + "code-file "):
+            files.append(line[len(FACT + "code-file ") :].removeprefix("./"))
+        elif line.startswith(FACT + "code changed ") and (
+            n := int_of(line.split()[-1])
+        ) is not None:
+            known, changed = True, n
+    return CodeCheck(known, changed, tuple(files[:3]))

@@ -1,10 +1,13 @@
 """The local, per-cluster state folder: a cache, never the truth.
 
 ``$TFCLUSTER_HOME/clusters/<name>/`` (default ``~/.tfcluster``) holds the
-cluster's SSH key (mode 0600), its pinned host keys, the last known node
-addresses and the last job. The provider's own view (GCE labels, the hosts
-list, the process table) always wins: losing this folder loses nothing but
-the SSH key, which ``up`` re-creates and re-installs.
+cluster's SSH key (mode 0600), its pinned host keys, its id, the last known
+node addresses and the last job. The provider's own view (GCE labels, the
+hosts list, the process table) always wins: losing this folder loses the
+SSH key, which ``up`` re-creates and re-installs, and the id
+(``cluster_id``), which tells the cluster's nodes and folders from those
+of another cluster of the same name (another person's): without it they
+are another's, refused by ``up``, until the id is put back.
 
 Several tfcluster processes may touch one state file at once (a ``status``
 while a ``train`` follows its job). Every read-modify-write holds a short
@@ -24,6 +27,8 @@ import fcntl
 import json
 import logging
 import os
+import re
+import secrets
 import stat
 import tempfile
 import time
@@ -34,6 +39,11 @@ from typing import Any
 from infra.lock import open_lock_file
 
 log = logging.getLogger("tfcluster")
+
+# The state's key for the cluster's id (``ClusterState.cluster_id``): 12 hex
+# digits, a valid GCE label value and a plain folder name.
+CLUSTER_ID = "cluster_id"
+_ID = re.compile(r"^[0-9a-f]{12}\Z")
 
 
 def tfcluster_home() -> Path:
@@ -46,6 +56,7 @@ class ClusterState:
     def __init__(self, name: str, home: Path | None = None) -> None:
         self.name = name
         self.dir = (home or tfcluster_home()) / "clusters" / name
+        self._id: str | None = None
 
     @property
     def file(self) -> Path:
@@ -99,6 +110,20 @@ class ClusterState:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.load().get(key, default)
+
+    def cluster_id(self) -> str:
+        """What makes this cluster its own where names are shared: random,
+        made once (under the state lock: two commands at once agree) and
+        kept here. Nodes another state made under the same name (a
+        colleague's, in one GCE project) carry another; on an SSH login
+        shared by several clusters each has its own folder by it."""
+        if self._id is None:  # read once: it never changes once made
+            found = self.get(CLUSTER_ID)
+            if not (isinstance(found, str) and _ID.match(found)):
+                data = self.modify(lambda d: d.setdefault(CLUSTER_ID, secrets.token_hex(6)))
+                found = str(data[CLUSTER_ID])
+            self._id = found
+        return self._id
 
     # -- the file ------------------------------------------------------------------
 
@@ -174,6 +199,9 @@ class ClusterState:
 
 def _check(data: dict[str, Any]) -> str | None:
     """What is wrong with a parsed state object (None: nothing we read)."""
+    found = data.get(CLUSTER_ID)
+    if found is not None and not (isinstance(found, str) and _ID.match(found)):
+        return "holding a broken cluster id"
     from infra.job_spec import JobRecord  # it imports the trainer catalog; state is imported by all
 
     last = data.get("last_job")

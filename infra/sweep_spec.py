@@ -2,7 +2,8 @@
 and the command of each of its points (``SweepSpec``).
 
 A point's values reach the command three ways: in its ``{name}``
-placeholders (shell-quoted where the argument is a ``sh -c`` script), as
+placeholders (in shell code as the trial's variable, or refused: see
+``infra/sweep_shell.py``), as
 one environment variable per parameter, and for the built-in trainer as its
 flags. Everything here is checked before a node is touched: a bad name, a
 placeholder with no parameter, a flag the trainer does not have is one
@@ -17,19 +18,13 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from infra.config import check_env_name
 from infra.errors import ConfigError
+from infra.sweep_shell import PLACEHOLDER, in_script, refuse, shell_forms
 
 # A parameter's name: a placeholder `{name}` and, upper-cased, a variable.
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
-# `${NAME}` is the shell's reference to a variable (the trial's, as the
-# README says to write it in `bash -c`), never a placeholder.
-_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# The argument after `-c` of these is shell text: what a placeholder puts
-# there is shell-quoted.
-_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
 # Trials of one sweep, at most (each is a row of sweep.json, rewritten as
 # each trial starts and ends).
 MAX_TRIALS = 10_000
@@ -81,7 +76,7 @@ def grid(params: Mapping[str, Sequence[str]], trials: int | None = None) -> list
 
 def placeholders(argv: Sequence[str]) -> list[str]:
     """The ``{name}`` placeholders of a command, in order, once each."""
-    return list(dict.fromkeys(m.group(1) for word in argv for m in _PLACEHOLDER.finditer(word)))
+    return list(dict.fromkeys(m.group(1) for word in argv for m in PLACEHOLDER.finditer(word)))
 
 
 def check_placeholders(argv: Sequence[str], params: Mapping[str, Sequence[str]]) -> None:
@@ -96,80 +91,31 @@ def check_placeholders(argv: Sequence[str], params: Mapping[str, Sequence[str]])
 def substitute(argv: Sequence[str], values: Mapping[str, str]) -> tuple[str, ...]:
     """COMMAND with each ``{name}`` replaced by the trial's value. A command
     runs as its words, never through a shell, so a value lands in its word
-    as it is. In the script of a shell (``bash -c SCRIPT``, ``sh -ec``,
-    ``bash -lc``, ``env bash -x -c``...) no value is ever put as text: the
-    placeholder becomes a reference to the trial's variable (``"${NAME}"``,
-    in double quotes ``${NAME}``), whose value the shell never reads as
-    code, whatever quotes, heredoc or ``$(...)`` the script puts it in. In
-    single quotes a variable is not expanded: refused (ConfigError)."""
-    scripts = shell_scripts(argv)
+    as it is. In shell code no value is ever put as text
+    (``infra/sweep_shell.py``): in the script of a POSIX shell (``bash -c
+    SCRIPT``, ``sh -ec``, ``bash --rcfile F -lc``, ``env bash -x -c``...)
+    the placeholder becomes a reference to the trial's variable
+    (``"${NAME}"``, in double quotes ``${NAME}``), whose value the shell
+    never reads as code, whatever quotes, heredoc or ``$(...)`` the script
+    puts it in. In single quotes a variable is not expanded, and in shell
+    code tfcluster cannot quote for (``fish -c``, ``env -S``, ``flock -c``,
+    a nested ``bash -c``, ``eval``...) nothing is safe: refused
+    (ConfigError)."""
+    forms = shell_forms(argv)
     out = []
     for i, word in enumerate(argv):
-        if i in scripts:
-            out.append(_in_script(word, values))
+        if i in forms.opaque and (used := [n for n in placeholders([word]) if n in values]):
+            raise refuse(used[0], forms.opaque[i])
+        if i in forms.scripts:
+            out.append(in_script(word, values))
             continue
 
         def put(match: re.Match[str]) -> str:
             value = values.get(match.group(1))
             return match.group(0) if value is None else value
 
-        out.append(_PLACEHOLDER.sub(put, word))
+        out.append(PLACEHOLDER.sub(put, word))
     return tuple(out)
-
-
-def shell_scripts(argv: Sequence[str]) -> set[int]:
-    """Indexes of the words of ``argv`` that a shell runs as its script: the
-    first operand after a shell whose options include ``c`` (``-c``,
-    ``-lc``, ``-e -c``); ``-o``/``-O`` take the next word."""
-    found = set()
-    for i, word in enumerate(argv):
-        if PurePosixPath(word).name not in _SHELLS:
-            continue
-        j, script = i + 1, False
-        while j < len(argv) and argv[j][:1] in ("-", "+") and len(argv[j]) > 1:
-            option = argv[j]
-            j += 1
-            if option == "--":
-                break
-            if option.startswith("--"):
-                continue
-            script = script or (option[0] == "-" and "c" in option[1:])
-            if option[-1] in "oO":
-                j += 1
-        if script and j < len(argv):
-            found.add(j)
-    return found
-
-
-def _in_script(script: str, values: Mapping[str, str]) -> str:
-    """``script`` with its placeholders as variable references, by the
-    quotes around each (plain, '...' or "...")."""
-    out: list[str] = []
-    quote = ""
-    i = 0
-    while i < len(script):
-        match = _PLACEHOLDER.match(script, i)
-        if match and match.group(1) in values:
-            name = match.group(1)
-            if quote == "'":
-                raise ConfigError(
-                    f"COMMAND: {{{name}}} is inside '...' in a shell script, where no value "
-                    f'can be put safely; put it outside the quotes or in "..."'
-                )
-            ref = "${" + name.upper() + "}"
-            out.append(ref if quote == '"' else f'"{ref}"')
-            i = match.end()
-            continue
-        char = script[i]
-        if char == "\\" and quote != "'":
-            out.append(script[i : i + 2])
-            i += 2
-            continue
-        if char in "'\"" and quote in ("", char):
-            quote = "" if quote else char
-        out.append(char)
-        i += 1
-    return "".join(out)
 
 
 def param_env(values: Mapping[str, str]) -> dict[str, str]:

@@ -36,7 +36,7 @@ from infra.providers import used_providers
 from infra.setup_commands import apply_command, compare_command, rel_to_base, rsync_args
 from infra.setup_facts import Comparison, SyncStats, parse_compare, parse_rsync
 from infra.transport import NodeLayout, Transport
-from infra.workdir import WorkdirFilter
+from infra.workdir import Secrets, WorkdirFilter, left_out, whole_machine
 
 # The checkout whose trainer/ the nodes run.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +74,9 @@ class SyncItem:
     # infra/workdir.py). Such an item is synced with the hash manifest,
     # which applies the same filter on both sides.
     filter: WorkdirFilter | None = field(default=None, compare=False)
+    # A setup.sync folder: what it keeps back (keys, credentials), which
+    # neither the manifest nor rsync sends, and rsync deletes on the node.
+    secrets: Secrets | None = field(default=None, compare=False)
 
     def files(self) -> Iterable[Path]:
         """The local files this item sends."""
@@ -81,7 +84,17 @@ class SyncItem:
             return [self.local]
         if self.filter is not None:
             return self.filter.files()
-        return sorted(_walk(self.local))
+        return sorted(_walk(self.local, self.secrets))
+
+    def hidden(self, whole: bool) -> list[str]:
+        """What this item keeps back, as rsync sees it: from the root of a
+        transfer of its folder's contents (``whole``) or of the folder; a
+        folder name (``.ssh/``) wherever it is."""
+        if self.secrets is None or self.local.is_file():
+            return []
+        base = "/" if whole else f"/{self.local.name}/"
+        inside = [base + rel for rel in self.secrets.inside(self.local)]
+        return inside + [f"{name}/" for name in sorted(Secrets.FOLDERS)]
 
     def keeps(self, remote: str) -> bool:
         """Whether the node's file at ``remote`` (under this item) is one
@@ -115,7 +128,9 @@ def expand_vars(value: str, key: str) -> str:
 
 def sync_items(config: ClusterConfig, layout: NodeLayout) -> list[SyncItem]:
     """The checkout's code into layout.code, then each setup.sync path into
-    ``<root>/<basename>``."""
+    ``<root>/<basename>``, less the secrets the working folder keeps back
+    too (``setup.sync: ["."]`` once sent ssh.key_file)."""
+    secrets = Secrets(secret_paths(config))
     items = [
         SyncItem(PROJECT_ROOT / name, f"{layout.code}/{name}")
         for name in CODE_PATHS
@@ -129,6 +144,11 @@ def sync_items(config: ClusterConfig, layout: NodeLayout) -> list[SyncItem]:
                 f"setup.sync: {entry!r} -> {local} does not exist "
                 f"(relative paths are from {config.base_dir})"
             )
+        if whole_machine(local):
+            raise ConfigError(
+                f"setup.sync: {entry!r} -> {local}: everything in it would go to the nodes "
+                "(~/.ssh too); name the folders the nodes need"
+            )
         name = local.name
         if name in RESERVED:
             raise ConfigError(
@@ -140,7 +160,7 @@ def sync_items(config: ClusterConfig, layout: NodeLayout) -> list[SyncItem]:
                 f"setup.sync: {entry!r} and {seen[name]!r} both land on <remote_dir>/{name}"
             )
         seen[name] = entry
-        items.append(SyncItem(local, f"{layout.root}/{name}"))
+        items.append(SyncItem(local, f"{layout.root}/{name}", secrets=secrets))
     return items
 
 
@@ -226,6 +246,10 @@ class LocalFile:
     sha256: str
     size: int
     mtime: float
+    # Sent as the content of what it links to: the working folder's links to
+    # its own files (its filter let no other link through). Elsewhere a
+    # link is sent as a link, as rsync -a does.
+    follow: bool = False
 
 
 def local_manifest(items: Sequence[SyncItem]) -> dict[str, LocalFile]:
@@ -235,29 +259,38 @@ def local_manifest(items: Sequence[SyncItem]) -> dict[str, LocalFile]:
         for file in item.files():
             rel = file.relative_to(item.local).as_posix() if file != item.local else ""
             remote = f"{item.remote}/{rel}" if rel else item.remote
-            out[remote] = _hashed(file)
+            out[remote] = _hashed(file, follow=item.filter is not None)
     return out
 
 
-def _walk(folder: Path) -> Iterable[Path]:
+def _walk(folder: Path, secrets: Secrets | None = None) -> Iterable[Path]:
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if not _excluded(d)]
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if not _excluded(d) and not _kept(here / d, secrets)]
         for name in filenames:
-            if not _excluded(name):
-                yield Path(dirpath) / name
+            if not _excluded(name) and not _kept(here / name, secrets, is_dir=False):
+                yield here / name
+
+
+def _kept(path: Path, secrets: Secrets | None, *, is_dir: bool = True) -> bool:
+    """Whether ``secrets`` keeps ``path`` back (said once, here)."""
+    why = secrets.why(path, is_dir) if secrets is not None else None
+    if why is not None:
+        left_out(path, str(path), why)
+    return why is not None
 
 
 def _excluded(name: str) -> bool:
     return name == "__pycache__" or name.endswith(".pyc") or name == ".DS_Store"
 
 
-def _hashed(file: Path) -> LocalFile:
+def _hashed(file: Path, *, follow: bool = False) -> LocalFile:
     digest = hashlib.sha256()
     with open(file, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     st = file.stat()
-    return LocalFile(file, digest.hexdigest(), st.st_size, st.st_mtime)
+    return LocalFile(file, digest.hexdigest(), st.st_size, st.st_mtime, follow)
 
 
 def manifest_text(manifest: Mapping[str, LocalFile]) -> str:
@@ -272,11 +305,16 @@ def build_archive(manifest: Mapping[str, LocalFile], paths: Iterable[str], out: 
     with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
         for remote in sorted(paths):
             local = manifest[remote]
-            info = tar.gettarinfo(str(local.path), arcname=rel_to_base(remote))
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
             with open(local.path, "rb") as handle:
-                tar.addfile(info, handle)
+                # A followed link: the file it opens (fstat), not the link.
+                info = tar.gettarinfo(
+                    fileobj=handle if local.follow else None,
+                    name=None if local.follow else str(local.path),
+                    arcname=rel_to_base(remote),
+                )
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, handle if info.isreg() else None)
             total += local.size
     return total
 
@@ -330,28 +368,31 @@ def sync_to_node(
         return SyncStats(), "rsync" if rsync else "manifest"
     if rsync:
         stats = SyncStats()
-        for dest, sources, whole in _rsync_groups(items, contents):
+        for dest, group, whole in _rsync_groups(items, contents):
             target = transport.rsync_remote(node, dest + ("/" if not whole else ""))
-            out = transport.rsync(
-                node, [*rsync_args(sources, "", contents=whole), target], timeout=SYNC_TIMEOUT_S
-            )
+            sources = [i.local for i in group]
+            hidden = sorted({p for i in group for p in i.hidden(whole)})
+            args = rsync_args(sources, "", contents=whole, hidden=hidden)
+            out = transport.rsync(node, [*args, target], timeout=SYNC_TIMEOUT_S)
             stats = stats + parse_rsync(out)
         return stats, "rsync"
     return _manifest_sync(transport, node, items), "manifest"
 
 
-def _rsync_groups(items: Sequence[SyncItem], contents: bool) -> list[tuple[str, list[Path], bool]]:
-    """(remote folder, local sources, contents-mode) per rsync call: items
-    whose basename is kept share one call per remote parent folder."""
-    groups: dict[str, list[Path]] = {}
-    single: list[tuple[str, list[Path], bool]] = []
+def _rsync_groups(
+    items: Sequence[SyncItem], contents: bool
+) -> list[tuple[str, list[SyncItem], bool]]:
+    """(remote folder, items, contents-mode) per rsync call: items whose
+    basename is kept share one call per remote parent folder."""
+    groups: dict[str, list[SyncItem]] = {}
+    single: list[tuple[str, list[SyncItem], bool]] = []
     for item in items:
         parent, _, name = item.remote.rpartition("/")
         if contents or name != item.local.name or not parent:
-            single.append((item.remote, [item.local], True))
+            single.append((item.remote, [item], True))
         else:
-            groups.setdefault(parent, []).append(item.local)
-    return [(dest, sources, False) for dest, sources in groups.items()] + single
+            groups.setdefault(parent, []).append(item)
+    return [(dest, group, False) for dest, group in groups.items()] + single
 
 
 def _manifest_sync(transport: Transport, node: str, items: Sequence[SyncItem]) -> SyncStats:

@@ -50,12 +50,28 @@ class NodeLayout:
     python: str  # the interpreter that runs `python -m trainer`
     runs: str  # run folders written by the chief
     logs: str  # one log, pid and exit file per task of the current job
+    # The folder of the login that several clusters share (provider ssh:
+    # setup.remote_dir, each cluster's ``root`` in it, and the node
+    # environment, ``python``'s venv); None where the node is one cluster's.
+    shared: str | None = None
 
     @property
     def bin(self) -> str:
         """The node environment's bin folder: first on every task's PATH,
         so ``python`` (and ``pip``) there are the ones with TensorFlow."""
         return posixpath.dirname(self.python) or "."
+
+    @property
+    def venv(self) -> str:
+        """The node environment: the venv ``python`` is in."""
+        return posixpath.dirname(self.bin) or "."
+
+    @property
+    def env(self) -> str:
+        """Where the node environment's files are (the venv, the wheelhouse,
+        the pinned requirements): ``root``, or the login's folder where
+        several clusters share one install."""
+        return posixpath.dirname(self.venv) or "."
 
 
 def free_local_port(wanted: int = 0) -> int:

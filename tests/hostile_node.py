@@ -11,8 +11,8 @@ read at any offset, for ever (``reads`` records the offsets asked);
 node is closed).
 ``FakeNode(home=...)``: commands run with ``sh -c`` in ``home`` (so the
 system ssh and rsync work against it) and SFTP is paramiko's own, served
-from ``home``; ``bin``: a folder first on those commands' PATH (a node's
-own rsync, say).
+from ``home`` (read-only, unless ``writable``); ``bin``: a folder first on those
+commands' PATH (a node's own rsync, say).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ class _HomeSFTP(paramiko.SFTPServerInterface):
         super().__init__(server)
         assert node.home is not None
         self.home = node.home
+        self.writable = node.writable
 
     def _real(self, path: str) -> str:
         return str(self.home / path.lstrip("/"))
@@ -146,11 +147,16 @@ class _HomeSFTP(paramiko.SFTPServerInterface):
     def open(
         self, path: str, flags: int, attr: paramiko.SFTPAttributes
     ) -> paramiko.SFTPHandle | int:
-        if flags & (os.O_WRONLY | os.O_RDWR):
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if writing and not self.writable:
             return SFTP_PERMISSION_DENIED
         handle = paramiko.SFTPHandle(flags)
         try:
-            handle.readfile = open(self._real(path), "rb")  # type: ignore[attr-defined]  # noqa: SIM115
+            if writing:  # paramiko hands over the os.open flags
+                fd = os.open(self._real(path), flags | os.O_CLOEXEC, 0o600)
+                handle.writefile = os.fdopen(fd, "wb")  # type: ignore[attr-defined]
+            else:
+                handle.readfile = open(self._real(path), "rb")  # type: ignore[attr-defined]  # noqa: SIM115
         except OSError as exc:
             return paramiko.SFTPServer.convert_errno(exc.errno or 0)
         return handle
@@ -194,10 +200,12 @@ class FakeNode:
         streaming: bool = False,
         silent_listing: bool = False,
         bin: Path | None = None,
+        writable: bool = False,
     ) -> None:
         self.authorized = authorized
         self.listing = listing
         self.home = home
+        self.writable = writable
         self.follow_output = follow_output
         self.streaming = streaming
         self.silent_listing = silent_listing

@@ -583,6 +583,17 @@ def test_firewall_rules_the_real_api_refuses_are_refused(fake_gce: FakeGce, api:
     assert got.priority == 65535 and [list(d.ports) for d in got.denied] == [["2222"]]
     assert list(got.allowed) == []
     assert fake_gce.firewall("fw-both") is None and fake_gce.firewall("fw-prio") is None
+    # A firewall rule has no labels (the client's type has no such field):
+    # GCE refuses a body that names one, so a cluster marks its rules in
+    # their description instead.
+    path = f"/compute/v1/projects/{PROJECT}/global/firewalls"
+    labelled: dict[str, Any] = {
+        "name": "fw-labels", "allowed": [{"IPProtocol": "tcp"}], "labels": {"a": "b"}
+    }
+    raw = requests.post(fake_gce.endpoint + path, json=labelled)
+    assert raw.status_code == 400
+    assert 'Unknown name "labels"' in raw.json()["error"]["message"]
+    assert fake_gce.firewall("fw-labels") is None
 
 
 def test_guest_attributes_publish_host_keys_of_running_instances_that_enable_them(

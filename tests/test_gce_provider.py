@@ -124,7 +124,8 @@ def test_instance_request_carries_labels_tag_key_disk_and_network(
     up(provider, ["pc-1"])
     body = inserts(fake_gce)[0].body
     assert body["labels"] == {
-        CLUSTER_LABEL: "tfc-test", "tfcluster-role": "ps-chief", "team": "ml"
+        CLUSTER_LABEL: "tfc-test", "tfcluster-role": "ps-chief", "team": "ml",
+        "tfcluster-id": provider.state.cluster_id(),
     }
     assert body["tags"]["items"] == ["tfcluster-tfc-test"]
     assert body["machineType"] == f"zones/{ZONE_A}/machineTypes/e2-standard-2"
@@ -663,6 +664,7 @@ def test_a_new_key_and_changed_labels_reach_existing_nodes(
         ({"Team": "x"}, "'Team' is not a valid GCE label key"),
         ({"team": "Research"}, "gce.labels.team: 'Research' is not a valid GCE label value"),
         ({CLUSTER_LABEL: "x"}, "tfcluster-cluster is tfcluster's own label"),
+        ({"tfcluster-id": "0123456789ab"}, "tfcluster-id is tfcluster's own label"),
     ],
 )
 def test_bad_labels_are_config_errors_before_any_call(

@@ -5,15 +5,19 @@ preempts a node mid-job and sees the job finish."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from infra.cluster import Cluster
+from infra.cluster_jobs import CANCELLED
 from infra.config import ClusterConfig
-from infra.errors import CapacityError
-from infra.job_spec import JobSpec, Program, trainer_program
+from infra.errors import CapacityError, JobFailed
+from infra.job import Job
+from infra.job_spec import JobRecord, JobSpec, Program, trainer_program
 from infra.providers.base import Node, NodeState
 from infra.recovery import ABSENT, Policy, Recovery, critical, decide, lost_nodes, resumed
 from infra.state import ClusterState
@@ -126,3 +130,107 @@ def test_capacity_refusals_are_retried_with_backoff_then_exit_5(
     assert slept == [4, 6]  # doubling, up to the bound
     assert len(notes) == 2 and all("no capacity yet" in n for n in notes)
     assert fake_gce.instance("pc-1")["status"] == "TERMINATED"
+
+
+# -- `deploy.py cancel` while a recovery runs ---------------------------------------
+
+
+def spot_cluster(
+    gce_config: Callable[..., ClusterConfig], tmp_path: Path
+) -> tuple[Cluster, Cluster]:
+    """A one-node Spot cluster, up, with a last job (x-1, its chief on
+    pc-1); and the same cluster as another terminal sees it."""
+    config = gce_config(gce={"preemptible": True}, nodes=["pc-1"], roles={
+        "ps": [], "chief": "pc-1", "worker": []}, job={"mode": "single"})  # fmt: skip
+    cluster = Cluster(config, ClusterState(config.name, home=tmp_path))
+    cluster.up(cluster.plan_up(), setup=False)
+    record = JobRecord(
+        run_id="x-1",
+        chief_node="pc-1",
+        output_dir="tfcluster/runs/x-1",
+        tasks=[{"type": "chief", "index": 0, "node": "pc-1", "host": "10.0.0.2", "port": 2224}],
+        command=["python", "t.py"],
+    )
+    cluster.state.update(last_job=record.__dict__)
+    return cluster, Cluster(config, ClusterState(config.name, home=tmp_path))
+
+
+def spec_x1() -> JobSpec:
+    return JobSpec(run_id="x-1", program=Program(argv=("python", "t.py"), task_types=("chief",)))
+
+
+class Lost(Recovery):
+    """A recovery whose job (followed over SSH in real life; the fake's
+    instances have no sshd) just ended with its node lost."""
+
+    def _follow(self, job: Job, dest: Path) -> tuple[int, JobFailed | None]:
+        return -1, None
+
+
+def test_cancel_while_a_node_is_started_again_ends_the_recovery(
+    fake_gce: FakeGce,
+    gce_config: Callable[..., ClusterConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The recovery holds the cluster's lock while it waits for capacity
+    (minutes): `cancel` waited for it, then failed "busy", and the job was
+    restarted all the same. Now `cancel` marks the job at once and the
+    recovery ends after its wait, the node left as it is."""
+    monkeypatch.setenv("TFCLUSTER_LOCK_WAIT", "2")
+    cluster, other = spot_cluster(gce_config, tmp_path)
+    job = Job(cluster.provider.transport(cluster.nodes()), [task("chief", 0, "pc-1")], spec_x1())
+    fake_gce.preempt("pc-1")
+    fake_gce.stockout(None, ops=("start",))
+    cancels: list[float] = []
+
+    def cancel_meanwhile(seconds: float) -> None:  # another terminal, during the wait
+        began = time.monotonic()
+        record, stopped = other.cancel()
+        cancels.append(time.monotonic() - began)
+        assert (record.run_id, stopped) == ("x-1", [])
+
+    notes: list[str] = []
+    recovery = Lost(
+        cluster, spec_x1(), workdir=None, on_event=lambda e: None, on_log=lambda line: None,
+        on_note=notes.append, policy=Policy(capacity_tries=3), sleep=cancel_meanwhile,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, "tfcluster"):
+        code, _ = recovery.watch(job, tmp_path / "dest")
+    assert code == CANCELLED
+    last = cluster.last_job()
+    assert last is not None and last.cancelled and last.exit_code == CANCELLED
+    assert cancels and cancels[0] < 1.5, cancels  # no wait for the recovery's lock
+    assert "x-1 is being recovered" in caplog.text
+    assert notes[-1] == "x-1 was cancelled while pc-1 could not start; it is not restarted"
+    assert sum("no capacity yet" in n for n in notes) == 1  # no second try
+    assert fake_gce.instance("pc-1")["status"] == "TERMINATED"
+
+
+def test_cancel_during_the_follow_is_not_undone_by_a_lost_node(
+    fake_gce: FakeGce, gce_config: Callable[..., ClusterConfig], tmp_path: Path
+) -> None:
+    """A cancel and a preemption at once: the job's end (remembered by its
+    watch) kept the cancel, and the lost node is not started again."""
+    cluster, other = spot_cluster(gce_config, tmp_path)
+    job = Job(cluster.provider.transport(cluster.nodes()), [task("chief", 0, "pc-1")], spec_x1())
+    fake_gce.preempt("pc-1")
+
+    class Followed(Recovery):
+        def _follow(self, job: Job, dest: Path) -> tuple[int, JobFailed | None]:
+            other.cancel()
+            cluster.remember(job, exit_code=-1)  # as Cluster.watch does at the end
+            return -1, None
+
+    notes: list[str] = []
+    recovery = Followed(
+        cluster, spec_x1(), workdir=None, on_event=lambda e: None, on_log=lambda line: None,
+        on_note=notes.append, sleep=lambda s: None,
+    )  # fmt: skip
+    code, _ = recovery.watch(job, tmp_path / "dest")
+    assert code == CANCELLED
+    assert notes == ["x-1 was cancelled; it is not restarted"]
+    assert fake_gce.instance("pc-1")["status"] == "TERMINATED"
+    last = cluster.last_job()
+    assert last is not None and last.cancelled and last.exit_code == CANCELLED

@@ -14,58 +14,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import paramiko
 import pytest
 
-from infra.config import parse_config
-from infra.keys import ensure_key_pair
-from infra.remote import SshTarget, SshTransport
-from infra.state import ClusterState
+from infra.remote import SshTransport
 from infra.sync import _manifest_sync, emptied_dirs, workdir_item
-from tests.hostile_node import fake_node
+from tests.sync_node import sync_node
 
 REMOTE = "tfcluster/work"
-
-
-class _Transport(SshTransport):
-    """The fake node's SFTP is read-only: uploads land in its home directly
-    (what is tested is the commands, which run over SSH for real)."""
-
-    home: Path
-
-    def upload(self, node: str, local: Path | bytes, remote_path: str) -> None:
-        target = self.home / remote_path
-        target.write_bytes(local if isinstance(local, bytes) else local.read_bytes())
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[tuple[SshTransport, Path]]:
     """A transport to a node whose home is tmp_path/node."""
-    key = tmp_path / "keys" / "id_ed25519"
-    ensure_key_pair(key, "test")
-    home = tmp_path / "node"
-    (home / REMOTE).mkdir(parents=True)  # the probe makes it before a sync
-    config = parse_config(
-        {
-            "name": "t",
-            "provider": "ssh",
-            "nodes": ["pc-1"],
-            "roles": {"ps": [], "chief": "pc-1", "worker": []},
-            "hosts": {"pc-1": "127.0.0.1"},
-            "job": {"mode": "single"},
-        },
-        source="test",
-    )
-    with fake_node(paramiko.PKey.from_path(key), home=home) as fake:
-        transport = _Transport(
-            [SshTarget("pc-1", "127.0.0.1", fake.port)],
-            config=config,
-            state=ClusterState("t", home=tmp_path / "state"),
-            key_file=key,
-        )
-        transport.home = home
-        with transport:
-            yield transport, home / REMOTE
+    with sync_node(tmp_path) as (transport, home):
+        (home / REMOTE).mkdir(parents=True)  # the probe makes it before a sync
+        yield transport, home / REMOTE
 
 
 def _sync(transport: SshTransport, local: Path) -> None:

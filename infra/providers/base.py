@@ -126,6 +126,18 @@ class NodeProvider(ABC):
         Raised inside ``infra.config.in_file(self.config)``, the line names
         cluster.yaml first, as the file's other problems do (gce's does)."""
 
+    def remote_root(self) -> str:
+        """The cluster's folder on its nodes (a layout path): ``setup.remote_dir``,
+        where a node is the cluster's alone; provider ssh: a folder of the
+        cluster's own in it."""
+        return self.config.setup.remote_dir.rstrip("/") or "."
+
+    def check_owner(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Refuse (StateError) where the cloud holds nodes or shared
+        resources of this cluster's name that another state made (another
+        person's cluster of the same name): `up` would adopt and overwrite
+        them. `up` calls it before planning, as ``check_config``."""
+
     def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Create what the cluster shares (firewall rule, SSH key); idempotent."""
 

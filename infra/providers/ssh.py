@@ -16,6 +16,10 @@ rebooting host (lifecycle's wait for running) instead of failing at once.
 ``stop_nodes`` refuses (``can_stop()`` is False: they are not ours to stop);
 ``terminate_nodes`` (``down``) stops whatever tfcluster tasks still run on
 the reachable hosts and leaves the machines and their files alone.
+
+Each cluster keeps its files in a folder of its own on the hosts,
+``<setup.remote_dir>/<name>-<id>`` (``root``): several clusters may share a
+login, and none sees, overwrites, cancels or stops another's.
 """
 
 from __future__ import annotations
@@ -214,4 +218,18 @@ class SshProvider(NodeProvider):
                 raise RemoteError(f"{node.name}: no SSH address known (hosts.{node.name})")
             port = node.ssh_port if node.ssh_host else (host.port if host else 22)
             targets.append(SshTarget(node.name, address, port))
-        return SshTransport(targets, config=self.config, state=self.state, key_file=key_file)
+        return SshTransport(
+            targets,
+            config=self.config,
+            state=self.state,
+            key_file=key_file,
+            root=self.remote_root(),
+        )
+
+    def remote_root(self) -> str:
+        """The cluster's folder on its hosts: one of its own in
+        ``setup.remote_dir``, by name and id. Other clusters may log in as
+        the same user there (a colleague's of the same name too), and the
+        files, pid files and logs of one must never be another's: each
+        sees, syncs, cancels and stops only its own."""
+        return f"{super().remote_root()}/{self.config.name}-{self.state.cluster_id()}"

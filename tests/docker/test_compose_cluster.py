@@ -179,7 +179,7 @@ def test_job_survives_losing_a_worker(deploy, compose_cluster: ComposeCluster) -
     # The last job's chief log is still there: only this job's lines may count.
     subprocess.run(
         ["docker", "exec", "-u", "tfcluster", "-w", "/home/tfcluster", pc1,
-         "rm", "-f", "tfcluster/logs/chief-0.log"],
+         "bash", "-c", "rm -f tfcluster/composetest-*/logs/chief-0.log"],
         check=True,
     )  # fmt: skip
     # Shorter than the first job: what is tested is that it completes.
@@ -192,7 +192,8 @@ def test_job_survives_losing_a_worker(deploy, compose_cluster: ComposeCluster) -
             # A progress event in the chief's log: the workers are computing steps.
             log = subprocess.run(
                 ["docker", "exec", "-u", "tfcluster", "-w", "/home/tfcluster", pc1, "bash", "-c",
-                 "grep -c '\"event\":\"progress\"' tfcluster/logs/chief-0.log || true"],
+                 "grep -c '\"event\":\"progress\"' tfcluster/composetest-*/logs/chief-0.log "
+                 "|| true"],
                 capture_output=True, text=True,
             ).stdout.strip()  # fmt: skip
             if proc.poll() is not None:

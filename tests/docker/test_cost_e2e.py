@@ -14,9 +14,10 @@ itself meanwhile), so each also runs alone.
   runs `status` says the job keeps the nodes busy (autostop set to 75s
   with `up --autostop`), and no node stops itself during the job;
 * the same for a `run` of examples/own-program/ps_program.py, which resumes
-  from its own checkpoint (TFCLUSTER_RESUME=1) and pauses long enough to
-  outlive the autostop on any machine: no node stops itself during it, and
-  all do after.
+  from its own checkpoint (TFCLUSTER_RESUME=1), with the code it started
+  with (the program is edited here before the preemption), and pauses long
+  enough to outlive the autostop on any machine: no node stops itself
+  during it, and all do after.
 """
 
 from __future__ import annotations
@@ -204,6 +205,9 @@ def test_a_preempted_user_program_resumes_from_its_own_checkpoint(
 
     wait_for(past_100, 600, "the program's checkpoint at step 100")
     reached = checkpoints()
+    # Edited here meanwhile: the job resumes with the code it started with
+    # (the relaunch once synced this, and the program failed at once).
+    (workdir / "ps_program.py").write_text("raise SystemExit('edited after the launch')\n")
     w.fake.preempt("pc-1")
     out = finish(proc)
     ended = time.monotonic()

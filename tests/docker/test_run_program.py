@@ -199,7 +199,10 @@ def test_workdir_sync(deploy: Deploy, workdir: Path) -> None:
 
     first = deploy("-v", "run", "--workdir", str(workdir), "--", "python", "listen.py")
     _ok(first)
-    assert first.stdout.count("chief ran in /home/tfcluster/tfcluster/work") == 1, first.stdout
+    # In the cluster's own folder on the login (tfcluster/<name>-<id>).
+    ran_in = re.findall(r"chief ran in /home/tfcluster/tfcluster/([a-z0-9-]+-[0-9a-f]{12})/work$",
+                        first.stdout, re.M)  # fmt: skip
+    assert len(ran_in) == 1, first.stdout
     for node, line in _sync_lines(first.stderr).items():
         assert "installed requirements.txt" in line, (node, first.stderr)
     assert "not syncing 'new\\nline.txt': a line break in its name" in first.stderr

@@ -83,7 +83,8 @@ def test_four_trials_across_four_nodes(
         assert record["argv"] == ["--lr", trial["params"]["lr"]]
         assert record["env"]["LR"] == trial["params"]["lr"]
         assert record["tf_config"] is None
-        assert record["cwd"].endswith("/tfcluster/work")  # the synced working folder
+        assert record["cwd"].endswith("/work")  # the synced working folder
+        assert "/tfcluster/" in record["cwd"]  # in the cluster's own folder there
     # All four ran at once (four nodes, one slot each); the times are each
     # container's clock, which is this machine's.
     spans = [(r["started"], r["ended"]) for r in records]

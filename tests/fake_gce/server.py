@@ -1894,11 +1894,28 @@ def _nic(project: str, zone: str, nic: Mapping[str, Any], index: int) -> dict[st
     return out
 
 
+# The fields of the v1 Firewall resource: no `labels` (its description is
+# where a client can say whose it is); GCE refuses a field it does not know.
+_FIREWALL_FIELDS = frozenset(
+    {"kind", "id", "creationTimestamp", "name", "description", "network", "priority",
+     "sourceRanges", "destinationRanges", "sourceTags", "targetTags", "sourceServiceAccounts",
+     "targetServiceAccounts", "allowed", "denied", "direction", "logConfig", "disabled",
+     "selfLink", "params"}
+)  # fmt: skip
+
+
 def _firewall_resource(
     project: str, body: Any, keep: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "Required field 'resource' not specified", "required")
+    if unknown := sorted(set(body) - _FIREWALL_FIELDS):
+        raise ApiError(
+            400,
+            f'Invalid JSON payload received. Unknown name "{unknown[0]}" at \'resource\': '
+            "Cannot find field.",
+            "invalid",
+        )
     name = body.get("name")
     if not name or not _NAME.match(name):
         raise ApiError(400, f"Invalid value for field 'resource.name': '{name}'", "invalid")

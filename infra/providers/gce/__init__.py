@@ -3,7 +3,10 @@
 The only package that imports ``google.*``. What exists is what the API
 lists with the label ``tfcluster-cluster=<name>`` (across the whole
 project, so that nodes in a zone no longer listed in ``gce.zones`` are
-still found and deleted); nothing is remembered locally but the SSH key.
+still found and deleted) and this state's ``tfcluster-id`` (or none: made
+before the id); nothing is remembered locally but the SSH key and the id.
+Instances and rules of the name with another id are another person's:
+never touched, and ``up`` refuses (``check_owner``).
 
 How it talks to the API:
 

@@ -157,6 +157,8 @@ class GceApi(NodeProvider):
         # Boot disk GB per node as listed (a Deep Learning VM disk is ~50 GB).
         self._disk_gb: dict[str, int] = {}
         self._warned: set[str] = set()
+        # Instances of the cluster's name another state made: name -> its id.
+        self.foreign: dict[str, str] = {}
 
     def _key(self) -> tuple[Path, str]:
         return cluster_key(

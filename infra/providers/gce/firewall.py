@@ -17,6 +17,14 @@ log = logging.getLogger("tfcluster")
 # The TensorFlow deny rule's priority: below (weaker than) the allow rules
 # at 1000, above (stronger than) GCE's default-allow-internal at 65534.
 DENY_PRIORITY = 65000
+# A firewall rule has no labels: the cluster's id is in its description.
+_OWNER = re.compile(r"\[tfcluster-id=([0-9a-f]{12})\]\Z")
+
+
+def rule_owner(rule: compute_v1.Firewall) -> str | None:
+    """The id of the cluster that made the rule; None: an older tfcluster."""
+    found = _OWNER.search(rule.description or "")
+    return found[1] if found else None
 
 
 class GceFirewall(GceApi):
@@ -86,6 +94,19 @@ class GceFirewall(GceApi):
     def _rule_names(self) -> list[str]:
         return [self.grpc_rule, self.deny_rule, self.ssh_rule, self.ssh_deny_rule]
 
+    def _described(self, what: str) -> str:
+        return f"tfcluster {self.config.name}: {what} [tfcluster-id={self.state.cluster_id()}]"
+
+    def foreign_rules(self) -> dict[str, str]:
+        """The cluster's rule names that another state's rules hold: name -> its id."""
+        found: dict[str, str] = {}
+        for name in self._rule_names():
+            rule = self._get_firewall(name)
+            owner = rule_owner(rule) if rule is not None else None
+            if owner is not None and owner != self.state.cluster_id():
+                found[name] = owner
+        return found
+
     def _ssh_open_to_all(self) -> bool:
         return any(r in ("0.0.0.0/0", "::/0") for r in self.gce.ssh_source_ranges)
 
@@ -104,7 +125,7 @@ class GceFirewall(GceApi):
             # instances (by network tag) may reach it, never an address range.
             self.grpc_rule: compute_v1.Firewall(
                 name=self.grpc_rule,
-                description=f"tfcluster {self.config.name}: TensorFlow gRPC between its nodes",
+                description=self._described("TensorFlow gRPC between its nodes"),
                 network=self._network(),
                 direction="INGRESS",
                 priority=1000,
@@ -123,9 +144,7 @@ class GceFirewall(GceApi):
             # broad allow at the bottom, whatever network it is.
             self.deny_rule: compute_v1.Firewall(
                 name=self.deny_rule,
-                description=(
-                    f"tfcluster {self.config.name}: TensorFlow gRPC closed to all but its nodes"
-                ),
+                description=self._described("TensorFlow gRPC closed to all but its nodes"),
                 network=self._network(),
                 direction="INGRESS",
                 priority=DENY_PRIORITY,
@@ -135,7 +154,7 @@ class GceFirewall(GceApi):
             ),
             self.ssh_rule: compute_v1.Firewall(
                 name=self.ssh_rule,
-                description=f"tfcluster {self.config.name}: SSH from gce.ssh_source_ranges",
+                description=self._described("SSH from gce.ssh_source_ranges"),
                 network=self._network(),
                 direction="INGRESS",
                 priority=1000,
@@ -152,7 +171,7 @@ class GceFirewall(GceApi):
     def _ssh_deny(self) -> compute_v1.Firewall:
         return compute_v1.Firewall(
             name=self.ssh_deny_rule,
-            description=f"tfcluster {self.config.name}: SSH closed to all but ssh_source_ranges",
+            description=self._described("SSH closed to all but ssh_source_ranges"),
             network=self._network(),
             direction="INGRESS",
             priority=DENY_PRIORITY,
@@ -163,8 +182,10 @@ class GceFirewall(GceApi):
 
     @staticmethod
     def _firewall_shape(rule: compute_v1.Firewall) -> tuple[Any, ...]:
-        """What matters of a rule, comparable between ours and the API's."""
+        """What matters of a rule, comparable between ours and the API's
+        (its owner too: an older tfcluster's rule gets the cluster's id)."""
         return (
+            rule_owner(rule),
             _last(rule.network),
             rule.direction,
             rule.priority,
@@ -192,6 +213,11 @@ class GceFirewall(GceApi):
 
     def release(self) -> None:
         def delete(name: str) -> None:
+            rule = self._get_firewall(name)
+            owner = rule_owner(rule) if rule is not None else None
+            if owner is not None and owner != self.state.cluster_id():
+                log.warning("not deleting firewall rule %s: another cluster's (%s)", name, owner)
+                return
             op = self._delete_firewall(name)
             if op is not None:
                 self._wait_operation(op, zone=None, what=f"delete firewall rule {name}")

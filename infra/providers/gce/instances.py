@@ -32,7 +32,7 @@ from infra.providers.gce.errors import (
     not_in_zone,
     unknown_zone,
 )
-from infra.providers.gce.nodes import _STATES, _STOPPING_STATUSES, CLUSTER_LABEL, GceNodes
+from infra.providers.gce.nodes import _STATES, _STOPPING_STATUSES, CLUSTER_LABEL, ID_LABEL, GceNodes
 from infra.providers.gce.parallel import _pause
 
 log = logging.getLogger("tfcluster")
@@ -281,13 +281,15 @@ class GceInstances(GceNodes):
                 f"cluster {self.config.name} ({CLUSTER_LABEL}={owner or 'unset'})",
                 hint="rename the node in cluster.yaml, or delete that instance yourself",
             )
+        if not self._ours(inst):
+            raise self.not_ours({name: inst.labels[ID_LABEL]})
         if _STATES.get(inst.status) in (NodeState.STOPPED, NodeState.STOPPING):
             self._start_one(zone, name)
 
     def _delete_in_zone(self, zone: str, names: Sequence[str]) -> None:
         """Delete the cluster's instances of ``names`` in ``zone`` (a failed
         batch's successes and half-created leftovers)."""
-        leftovers = [i.name for i in self._list_zone(zone) if i.name in names]
+        leftovers = [i.name for i in self._list_zone(zone) if i.name in names and self._ours(i)]
         if not leftovers:
             return
         log.info("deleting %s in %s", ", ".join(leftovers), zone)

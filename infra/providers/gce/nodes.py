@@ -17,8 +17,12 @@ from infra.providers.gce.api import _CALL_TIMEOUT_S, GceApi, _last, _retried
 
 log = logging.getLogger("tfcluster")
 
-# The labels that say which cluster a node is of, and its roles.
+# The labels that say which cluster a node is of, and its roles. The name
+# alone does not make a node ours: two people may keep the shipped name in
+# one project. The id (``ClusterState.cluster_id``) does; a node without it
+# was made before tfcluster set it, and is taken as ours (and labelled).
 CLUSTER_LABEL = "tfcluster-cluster"
+ID_LABEL = "tfcluster-id"
 ROLE_LABEL = "tfcluster-role"
 
 
@@ -134,11 +138,33 @@ class GceNodes(GceApi):
             return []  # nothing published under the path (yet)
         return list(found.query_value.items)
 
+    def _ours(self, inst: compute_v1.Instance) -> bool:
+        """Whether an instance of the cluster's name is this state's (its id
+        label, or none: made before tfcluster set one)."""
+        found = inst.labels.get(ID_LABEL)
+        return found is None or found == self.state.cluster_id()
+
+    def not_ours(self, found: Mapping[str, str]) -> StateError:
+        ids = ", ".join(sorted(set(found.values())))
+        return StateError(
+            f"{', '.join(sorted(found))} of cluster {self.config.name} in project "
+            f"{self.api.project} belong to another tfcluster state (tfcluster-id {ids}, not "
+            f"{self.state.cluster_id()}); left alone: rename this cluster (name: in "
+            f"{self.config.source})",
+            hint=f"yours, from another machine or a lost ~/.tfcluster? copy {self.state.dir} "
+            f'from there, or put "cluster_id": "{ids.split(", ")[0]}" in {self.state.file}',
+        )
+
     def _instances(self) -> dict[str, list[compute_v1.Instance]]:
         """This cluster's instances by name (several only if one name exists
-        in two zones, which a failed cleanup could leave)."""
+        in two zones, which a failed cleanup could leave). Those of another
+        state of the same name are left out (``foreign`` has them)."""
         by_name: dict[str, list[compute_v1.Instance]] = {}
+        self.foreign = {}
         for inst in self._list_cluster():
+            if not self._ours(inst):
+                self.foreign[inst.name] = inst.labels[ID_LABEL]
+                continue
             by_name.setdefault(inst.name, []).append(inst)
         for name, found in by_name.items():
             if len(found) > 1 and name not in self._warned:
@@ -193,6 +219,7 @@ class GceNodes(GceApi):
         return {
             **self.gce.labels,
             CLUSTER_LABEL: self.config.name,
+            ID_LABEL: self.state.cluster_id(),
             ROLE_LABEL: "-".join(roles) if roles else "none",
         }
 
@@ -235,6 +262,12 @@ class GceNodes(GceApi):
                     continue
             raise ProviderError(f"{name}: its labels or metadata keep changing; try again")
 
+        if unlabelled := sorted({i.name for i in targets if ID_LABEL not in i.labels}):
+            log.warning(
+                "%s had no %s label (made by an older tfcluster): labelled as this cluster's",
+                ", ".join(unlabelled),
+                ID_LABEL,
+            )
         keys = [(_last(i.zone), i.name) for i in targets if self._out_of_sync(i, wanted_items)]
         _, errors = self._parallel(sync, keys)
         self._raise_errors(errors, "updating node labels and SSH key")

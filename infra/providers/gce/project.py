@@ -12,7 +12,7 @@ from infra.errors import ConfigError, TfclusterError
 from infra.providers.gce import checks
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, GceApi, _last, _retried
-from infra.providers.gce.nodes import CLUSTER_LABEL, RESERVED_METADATA, ROLE_LABEL
+from infra.providers.gce.nodes import CLUSTER_LABEL, ID_LABEL, RESERVED_METADATA, ROLE_LABEL
 
 log = logging.getLogger("tfcluster")
 
@@ -29,7 +29,7 @@ class GceProject(GceApi):
         # rules exist; a bad label is a cluster.yaml mistake: say so first.
         with in_file(self.config):
             for key, value in self.gce.labels.items():
-                if key in (CLUSTER_LABEL, ROLE_LABEL):
+                if key in (CLUSTER_LABEL, ID_LABEL, ROLE_LABEL):
                     raise ConfigError(
                         f"gce.labels: {key} is tfcluster's own label; use another key"
                     )

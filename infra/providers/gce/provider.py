@@ -69,6 +69,16 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
                     self._wait_operation(op, zone=None, what=f"delete {self.ssh_deny_rule}")
             self._sync_nodes(self._instances(), public_key)
 
+    def check_owner(self) -> None:
+        """Nodes and rules of this name that another state made (another
+        person's cluster of the shipped name in one project) are refused,
+        before `up` would take them over and replace their ``ssh-keys``."""
+        with self._api_errors(f"listing what {self.config.name} has in the project"):
+            self._instances()
+            found = {**self.foreign, **self.foreign_rules()}
+        if found:
+            raise self.not_ours(found)
+
     def transport(self, nodes: Sequence[Node]) -> Transport:
         # Imported here: the SSH stack is not needed to list or create nodes.
         from infra.remote import SshTarget, SshTransport

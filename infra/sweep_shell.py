@@ -1,0 +1,213 @@
+"""Where a sweep's ``{name}`` placeholder meets shell code, and what it
+becomes there (``infra/sweep_spec.py`` puts values in a command's words).
+
+A command runs as its words, never through a shell: a value put in a
+plain word is data. But some words *are* shell code: the script of
+``bash -c SCRIPT``, or what ``env -S``, ``flock ... -c``, ``fish -c`` or
+``ssh host`` hand to a shell. A value pasted there as text would run
+(``--param lr='0.1; touch pwned'``). So a placeholder in shell code is
+either put as a reference to the trial's variable (``"${LR}"``), which a
+POSIX shell expands but never reads as code, or refused (ConfigError,
+exit 2, one line). Only the forms read here are rewritten: the script
+after ``-c`` of a POSIX shell whose every option is understood. Anywhere
+else after a program that runs its arguments as shell code (another
+shell, an option of a known shell that is not understood, ``env -S``,
+``flock -c``, ``su -c``, ``ssh``, ``watch``...) a placeholder is refused,
+and so is one inside a script where the script itself runs text again
+(a nested ``bash -c``, ``eval``, ``trap``) or evaluates it as arithmetic
+(``$((...))``, ``((...))``, ``[[...]]``, ``let``: bash runs
+``a[$(cmd)]`` there).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from infra.errors import ConfigError
+
+# `${NAME}` is the shell's reference to a variable (the trial's, as the
+# README says to write it in `bash -c`), never a placeholder.
+PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# POSIX shells: the argument after -c is their script, and "${NAME}" there
+# expands to the variable's value as data.
+POSIX_SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh"})
+# Option letters of those shells that take no argument (set -o's letters,
+# -c, -s, -i, -l, bash's -B -E -H -P -T -k -t); `o` and `O` take the next
+# word. Any other letter (mksh's -T takes a word; bash's -D prints) is an
+# option not understood: the script cannot be told from its arguments.
+_FLAG_LETTERS = frozenset("abCefhiklmnprstuvxcBEHP")
+_ARG_LETTERS = frozenset("oO")
+_LONG_FLAGS = frozenset(
+    {"--login", "--noprofile", "--norc", "--posix", "--restricted", "--verbose", "--noediting"}
+)
+_LONG_WITH_ARG = frozenset({"--rcfile", "--init-file"})  # bash: the file is the next word
+# Shells whose quoting is not POSIX's ("${NAME}" is an error in fish, and
+# csh expands `!` in double quotes): no placeholder after them at all.
+OTHER_SHELLS = frozenset(
+    {"fish", "csh", "tcsh", "rc", "es", "nu", "pwsh", "powershell", "elvish", "xonsh",
+     "ion", "osh", "ysh", "yash", "posh", "lksh", "pdksh", "oksh", "busybox", "toybox"}
+)  # fmt: skip
+# Programs that hand an argument to a shell, with the options that make
+# them do so (an empty set: always).
+_RUNNERS: Mapping[str, frozenset[str]] = {
+    "env": frozenset({"-S", "--split-string"}),
+    "flock": frozenset({"-c", "--command"}),
+    "su": frozenset({"-c", "--command", "--session-command"}),
+    "runuser": frozenset({"-c", "--command", "--session-command"}),
+    "script": frozenset({"-c", "--command"}),
+    "sudo": frozenset({"-s", "-i", "--shell", "--login"}),
+    "ssh": frozenset(),
+    "watch": frozenset(),
+    "parallel": frozenset(),
+}
+# Builtins after which a script runs (or computes) text as code again.
+_RERUN = frozenset({"eval", "trap", "let", "alias"})
+
+
+@dataclass(frozen=True)
+class ShellForms:
+    """What the shell code of a command is: ``scripts``, the indexes of
+    words that are a POSIX shell's script (placeholders there become
+    variable references); ``opaque``, for each word whose placeholders are
+    refused, the program that would run it as code."""
+
+    scripts: frozenset[int]
+    opaque: Mapping[int, str]
+
+
+def _program(word: str) -> str:
+    return PurePosixPath(word).name
+
+
+def _posix_script(argv: Sequence[str], at: int) -> int | None:
+    """Where the script of the POSIX shell ``argv[at]`` is: the index of
+    its script (-c), len(argv) when it has none (a script file, stdin),
+    None when an option is not understood."""
+    j, command = at + 1, False
+    while j < len(argv) and argv[j][:1] in ("-", "+") and len(argv[j]) > 1:
+        option = argv[j]
+        j += 1
+        if option == "--":
+            break
+        if option.startswith("--"):
+            if option in _LONG_WITH_ARG:
+                j += 1
+            elif option not in _LONG_FLAGS:
+                return None
+            continue
+        letters = option[1:]
+        if any(c not in _FLAG_LETTERS | _ARG_LETTERS for c in letters):
+            return None
+        command = command or (option[0] == "-" and "c" in letters)
+        # Each letter that takes a word takes the next one (`-oO a b`).
+        j += sum(c in _ARG_LETTERS for c in letters)
+    if command:
+        return j if j < len(argv) else len(argv)
+    return len(argv)
+
+
+def _runs_code(argv: Sequence[str], at: int) -> bool:
+    """Whether the wrapper ``argv[at]`` hands a later word to a shell."""
+    options = _RUNNERS[_program(argv[at])]
+    if not options:
+        return True
+    for word in argv[at + 1 :]:
+        name = word.split("=", 1)[0]
+        if name in options:
+            return True
+        # A cluster of short options (`env -iS`, `flock -xc`).
+        if word[:1] == "-" and word[1:2] != "-" and any(f"-{c}" in options for c in word[1:]):
+            return True
+    return False
+
+
+def shell_forms(argv: Sequence[str]) -> ShellForms:
+    """Which words of ``argv`` are shell code (see the module's doc)."""
+    scripts: set[int] = set()
+    opaque: dict[int, str] = {}
+    for i, word in enumerate(argv):
+        program = _program(word)
+        why: str | None = None
+        if program in POSIX_SHELLS:
+            script = _posix_script(argv, i)
+            if script is None:
+                why = f"{program} with an option tfcluster cannot read"
+            elif script < len(argv):
+                scripts.add(script)
+        elif program in OTHER_SHELLS or (program in _RUNNERS and _runs_code(argv, i)):
+            why = program
+        if why is not None:
+            # Every later word may be (or reach) its code.
+            for j in range(i + 1, len(argv)):
+                opaque.setdefault(j, why)
+    return ShellForms(frozenset(scripts - set(opaque)), opaque)
+
+
+def refuse(name: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"COMMAND: {{{name}}} is in shell code run by {why}, where no value can be put "
+        f"safely; read the trial's variable ${name.upper()} there instead"
+    )
+
+
+def in_script(script: str, values: Mapping[str, str]) -> str:
+    """``script`` (a POSIX shell's) with its placeholders as variable
+    references, by the quotes around each (plain, '...' or "..."); a
+    placeholder where the script runs or computes text again is refused."""
+    out: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(script):
+        match = PLACEHOLDER.match(script, i)
+        if match and match.group(1) in values:
+            name = match.group(1)
+            if (why := _rerun_before(script, i)) is not None:
+                raise refuse(name, why)
+            if quote == "'":
+                raise ConfigError(
+                    f"COMMAND: {{{name}}} is inside '...' in a shell script, where no value "
+                    f'can be put safely; put it outside the quotes or in "..."'
+                )
+            ref = "${" + name.upper() + "}"
+            out.append(ref if quote == '"' else f'"{ref}"')
+            i = match.end()
+            continue
+        char = script[i]
+        if char == "\\" and quote != "'":
+            out.append(script[i : i + 2])
+            i += 2
+            continue
+        if char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+# A word of a script, roughly: what a shell would split it at, quotes dropped.
+_WORD = re.compile(r"[^\s;&|()<>`'\"$]+")
+
+
+def _rerun_before(script: str, at: int) -> str | None:
+    """Why the text at ``at`` of a script would be run or computed again:
+    it is inside an arithmetic or ``[[`` region, or after a word that runs
+    text (a nested shell, whose quoting nests in this one's; a runner;
+    eval...). None: it is data."""
+    before = script[:at]
+    for opener, closer, what in (("((", "))", "((...))"), ("[[", "]]", "[[...]]")):
+        if before.count(opener) > before.count(closer):
+            return f"the script's {what}"
+    words = _WORD.findall(before)
+    for k, word in enumerate(words):
+        program = _program(word)
+        if program in POSIX_SHELLS or program in OTHER_SHELLS:
+            return f"a {program} inside the script"
+        if program in _RUNNERS and _runs_code(words, k):
+            return f"a {program} inside the script"
+        if program in _RERUN:
+            return f"the script's {program}"
+    return None

@@ -1,0 +1,123 @@
+"""A sweep value in shell code (infra/sweep_shell.py): in a POSIX shell's
+script it arrives as data (run here with real shells and a hostile value);
+in shell code tfcluster cannot quote for it is refused, one line, before
+anything runs. Each form below once ran `--param x='0.1; touch pwned'`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from deploy import cli
+from infra.errors import ConfigError
+from infra.sweep_spec import command_spec, parse_params, substitute
+
+HOSTILE = "0.1; touch pwned; $(touch pwned2) `touch pwned3` \"; touch pwned4; \""
+
+
+def run_in(folder: Path, words: tuple[str, ...], path: Path | None = None) -> str:
+    """Run ``words`` in ``folder`` with the trial's variable set, as a trial
+    would be; its stdout. Nothing of the value may have run."""
+    env = {**os.environ, "X": HOSTILE}
+    if path is not None:
+        env["PATH"] = f"{path}:{env['PATH']}"
+    done = subprocess.run(
+        words, cwd=folder, capture_output=True, text=True, env=env, check=False, timeout=30
+    )
+    assert not list(folder.glob("pwned*")), (words, done.stdout, done.stderr)
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bash", "--rcfile", "RC", "-c", "echo {x}"],  # a long option with its file
+        ["bash", "--norc", "--noprofile", "-lc", "echo {x}"],
+        ["bash", "-O", "extglob", "-c", "echo {x}"],
+        ["sh", "-e", "-o", "nounset", "-c", 'echo "got {x}"'],
+        ["ash", "-c", "echo {x}"],  # ash and mksh: POSIX shells (dash plays them here)
+        ["mksh", "-e", "-c", "echo {x}"],
+        ["/usr/bin/env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", "echo {x}"],
+    ],
+)
+def test_a_value_in_a_posix_script_arrives_as_data(argv: list[str], tmp_path: Path) -> None:
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    dash = shutil.which("dash") or shutil.which("sh")
+    assert dash is not None
+    for name in ("ash", "mksh"):
+        (shims / name).symlink_to(dash)
+    (tmp_path / "RC").write_text("touch pwned-rc\n")
+    words = substitute(argv, {"x": HOSTILE})
+    if "-i" in argv:  # env -i: the value as the trial passes it, explicitly
+        words = (*words[:3], f"X={HOSTILE}", *words[3:])
+    out = run_in(tmp_path, words, shims)
+    assert "touch pwned;" in out, (words, out)  # the value, printed as text
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["env", "-S", 'sh -c "echo {x}"'], "run by env"),
+        (["env", "--split-string=sh -c 'echo {x}'"], "run by env"),
+        (["flock", "/tmp/lock", "-c", "echo {x}"], "run by flock"),
+        (["flock", "-x", "/tmp/lock", "--command", "echo {x}"], "run by flock"),
+        (["fish", "-c", "echo {x}"], "run by fish"),
+        (["tcsh", "-c", "echo {x}"], "run by tcsh"),
+        (["ssh", "host", "echo {x}"], "run by ssh"),
+        (["su", "-c", "echo {x}", "me"], "run by su"),
+        (["mksh", "-T", "-", "-c", "echo {x}"], "mksh with an option"),  # -T takes a word
+        (["bash", "--debugger", "-c", "echo {x}"], "bash with an option"),
+        (["zsh", "--emulate", "sh", "-c", "echo {x}"], "zsh with an option"),
+        (["sh", "-c", "bash -c 'echo {x}'"], "a bash inside the script"),
+        (["sh", "-c", 'bash -c "echo {x}"'], "a bash inside the script"),
+        (["bash", "-c", 'eval "echo {x}"'], "the script's eval"),
+        (["bash", "-c", 'trap "echo {x}" EXIT'], "the script's trap"),
+        (["bash", "-c", "echo $(( {x} + 1 ))"], "the script's ((...))"),
+        (["bash", "-c", "[[ {x} -gt 1 ]] && echo big"], "the script's [[...]]"),
+        (["sh", "-c", "env -S 'sh -c \"echo {x}\"'"], "a env inside the script"),
+    ],
+)
+def test_a_value_in_shell_code_it_cannot_quote_for_is_refused(
+    argv: list[str], why: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"^COMMAND: \{x\} is in shell code") as info:
+        command_spec(argv, parse_params(["x=1"]))
+    assert why in str(info.value) and "$X" in str(info.value)
+    assert len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["flock", "/tmp/lock", "python", "fit.py", "--lr", "{x}"],  # flock runs argv
+        ["env", "-i", "python", "fit.py", "{x}"],
+        ["sudo", "-u", "me", "python", "fit.py", "{x}"],
+        ["bash", "-c", 'python fit.py --lr "$1"', "_", "{x}"],  # a script's argument
+        ["bash", "fit.sh", "{x}"],  # a script file: its arguments are data
+        ["bash", "-c", "cd out && env A=1 python fit.py --lr {x}"],
+    ],
+)
+def test_argv_and_positional_arguments_still_take_values(argv: list[str]) -> None:
+    spec = command_spec(argv, parse_params(["x=0.1"]))
+    assert "{x}" not in " ".join(spec.command({"x": "0.1"}))
+
+
+def test_the_sweep_command_refuses_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "one.yaml").write_text(
+        "name: one\nprovider: local\nnodes: [pc-1]\nroles: {chief: pc-1, worker: [], ps: []}\njob: {mode: single}\n"
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["--config", str(tmp_path / "one.yaml"), "sweep", "--dest", str(tmp_path / "out"),
+         "--param", f"x={HOSTILE.replace(',', ' ')}", "--", "env", "-S", 'sh -c "echo {x}"'],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert "{x} is in shell code run by env" in result.output
+    assert not list(tmp_path.rglob("pwned*")) and not (tmp_path / "out").exists()
