@@ -259,7 +259,10 @@ class Cluster(ClusterJobs, ClusterAccess):
 
         with self.provider.transport(nodes) as transport:
             self._wait_ssh(transport)
-            return setup_nodes(transport, self.config, on_event=on_event)
+            # A node (re)started with autostop on runs its watcher from the
+            # boot: an install of minutes must not look idle to it.
+            with self.keep_busy(transport, [n.name for n in nodes], "setup"):
+                return setup_nodes(transport, self.config, on_event=on_event)
 
     def plan_down(self) -> DownPlan:
         return plan_down(self.nodes(), self.provider.shared_resources())

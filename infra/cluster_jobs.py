@@ -11,6 +11,7 @@ infra/jobrun.py is a job's whole life as one call on top of these.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -197,33 +198,36 @@ class ClusterJobs(ClusterBase):
             workdir = self.workdir()
         names = self.job_nodes(program.task_types)
         transport = self._job_transport(names)
-        self._autostop_touch(transport, names)
-        if sync and transport.copies_files:
-            from infra.setup import sync_nodes
+        # Busy from before the (maybe long) sync until the tasks run, which
+        # keep the nodes busy themselves: no node stops itself meanwhile.
+        with self.keep_busy(transport, names, "launch"):
+            if sync and transport.copies_files:
+                from infra.setup import sync_nodes
 
-            self._wait_ssh(transport)
-            report = sync_nodes(
-                transport, self.config, workdir=workdir if program.in_workdir else None
+                self._wait_ssh(transport)
+                report = sync_nodes(
+                    transport, self.config, workdir=workdir if program.in_workdir else None
+                )
+                _log_sync(report)
+                clock.mark("sync")
+            elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
+                log.warning(
+                    "the local cluster runs this machine's Python; install requirements.txt "
+                    "into it yourself"
+                )
+            tasks = self.job_tasks(program.task_types, names)
+            job = Job(
+                transport,
+                tasks,
+                spec,
+                env=self.provider.task_env(),
+                workdir=workdir,
+                on_event=on_event,
+                on_log=on_log,
+                clock=clock,
+                busy=functools.partial(self.keep_busy, transport),
             )
-            _log_sync(report)
-            clock.mark("sync")
-        elif program.in_workdir and workdir and (workdir / "requirements.txt").is_file():
-            log.warning(
-                "the local cluster runs this machine's Python; install requirements.txt "
-                "into it yourself"
-            )
-        tasks = self.job_tasks(program.task_types, names)
-        job = Job(
-            transport,
-            tasks,
-            spec,
-            env=self.provider.task_env(),
-            workdir=workdir,
-            on_event=on_event,
-            on_log=on_log,
-            clock=clock,
-        )
-        job.start()
+            job.start()
         self.remember(job)
         return job
 
@@ -350,7 +354,7 @@ class ClusterJobs(ClusterBase):
             model=record.model,
             mode=record.mode,
         )
-        job = Job(transport, tasks, spec)
+        job = Job(transport, tasks, spec, busy=functools.partial(self.keep_busy, transport))
         job.output_dir = record.output_dir
         return job
 
@@ -378,10 +382,13 @@ class ClusterJobs(ClusterBase):
                 from infra.setup import sync_nodes
 
                 self._wait_ssh(transport)
-                if self.running_job() is None:
-                    _log_sync(sync_nodes(transport, self.config, workdir=workdir))
-                else:
+                if self.running_job() is not None:
                     log.warning("a job is running: the working folder is not synced for exec")
+                else:
+                    # The command keeps its node busy itself (its pid
+                    # file); its sync, before it, through a busy mark.
+                    with self.keep_busy(transport, names, "exec"):
+                        _log_sync(sync_nodes(transport, self.config, workdir=workdir))
         codes: dict[str, int] = {}
         errors: dict[str, RemoteError] = {}
 
@@ -434,17 +441,6 @@ class ClusterJobs(ClusterBase):
             hint="--dest FOLDER brings the results elsewhere",
         )
         return folder
-
-    def _autostop_touch(self, transport: Transport, names: Sequence[str]) -> None:
-        """A job being launched is activity: the nodes' idle clocks start
-        again before its (maybe long) sync, so that none stops meanwhile."""
-        if self.provider.self_stop() is not None or not self.state.get("autostop_used"):
-            return
-        self._wait_ssh(transport)
-        try:
-            transport.run_all({n: commands.autostop_touch(transport.layout(n)) for n in names})
-        except RemoteError as exc:
-            log.warning("could not restart the autostop clocks: %s", exc)
 
 
 def _log_sync(report: SetupReport) -> None:

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import commands, facts
+from infra import commands, facts, task_env
 from infra.destination import check_destination
 from infra.errors import ConfigError, HostKeyChanged, Interrupted, RemoteError, StateError
 from infra.sweep_spec import SweepSpec, param_env
@@ -84,24 +84,35 @@ class Sweep:
         self._events: queue.Queue[tuple[Trial, int | None, str]] = queue.Queue()
         self._write_lock = threading.Lock()
         self._fetches: list[Future[None]] = []
+        self._env_files: dict[str, str | None] = {}
 
     # -- paths and commands --
 
     def run_dir(self, node: str, trial: Trial) -> str:
         return f"{self.transport.layout(node).runs}/{self.spec.sweep_id}/{trial.name}"
 
+    def _env_file(self, node: str) -> str | None:
+        """The file of the user's values on ``node`` (infra/task_env.py),
+        written before the node's first trial, removed at the sweep's end."""
+        with self._write_lock:
+            if node in self._env_files:
+                return self._env_files[node]
+        private = {**dict(self.spec.env), **self.env}
+        written = task_env.put(self.transport, node, self.spec.sweep_id, private)
+        with self._write_lock:
+            self._env_files[node] = written
+        return written
+
     def _start_script(self, node: str, trial: Trial) -> str:
         layout = self.transport.layout(node)
-        env = {
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "PYTHONUNBUFFERED": "1",
-            **dict(self.spec.env),
-            **self.env,
+        own = {
             **param_env(trial.params),
             "TFCLUSTER_RUN_ID": self.spec.sweep_id,
             "TFCLUSTER_SWEEP": self.spec.sweep_id,
             "TFCLUSTER_TRIAL": str(trial.index),
         }
+        env_file = self._env_file(node)
+        env = task_env.split({**dict(self.spec.env), **self.env}, own)
         cwd = None
         if not self.spec.builtin:
             if self.workdir is None:
@@ -115,6 +126,7 @@ class Sweep:
             cwd=cwd,
             run_dir=self.run_dir(node, trial),
             path_env={"PYTHONPATH": layout.code} if self.spec.builtin else {},
+            env_file=env_file,
         )
 
     # -- the schedule --
@@ -150,6 +162,10 @@ class Sweep:
         except BaseException:
             self._stop_all(running)
             raise
+        finally:
+            written = [n for n, f in self._env_files.items() if f]
+            if written:
+                task_env.forget(self.transport, written, self.spec.sweep_id)
         self.ended = utc_now()
         self.write()
         return self.trials
@@ -408,7 +424,9 @@ def run_sweep(
             )
         nodes = list(cluster.config.nodes)
         transport = cluster._job_transport(nodes)
-        with transport:
+        # The nodes are busy for autostop from before the sync to the last
+        # fetch: one that waits for the next trial or fetch is not idle.
+        with transport, cluster.keep_busy(transport, nodes, "sweep"):
             # Nodes just started (a VM booting, a container) answer SSH a
             # moment later: wait for that before the first command.
             cluster._wait_ssh(transport)

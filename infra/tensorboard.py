@@ -10,6 +10,12 @@ never see it. It listens on the node's 127.0.0.1 only, on a port it picks
 on the node's network can reach it. This machine reaches it through the
 transport's ``forward`` (SSH: a local port tunnelled to the node; local
 processes: the port itself). Closing stops the task.
+
+Autostop counts a running TensorBoard as busy (its pid file). So that one
+left behind (a dropped connection, a closed laptop) cannot keep a node up
+for ever, it runs on a lease (infra/watchdog.py): each look of the
+command's at it (``alive``, every 2 s while it serves) renews the lease,
+and ``LEASE_S`` without one ends it.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ from dataclasses import dataclass, replace
 from infra import commands, facts
 from infra.errors import RemoteError
 from infra.transport import NodeLayout, Transport
+from infra.watchdog import Watch, renew_lease
 
 TASK = "tensorboard"
 # TensorBoard imports TensorFlow when it is installed: tens of seconds on a
 # small, busy machine before it listens.
 START_TIMEOUT_S = 180.0
+# TensorBoard ends this long after the command that serves it last looked.
+LEASE_S = 90
 _NOT_INSTALLED = "No module named tensorboard"
 
 
@@ -53,6 +62,7 @@ class TensorBoardTask:
         self.node = node
         self.logdir = logdir
         self.layout = board_layout(transport.layout(node))
+        self.lease = f"{self.layout.logs}/{TASK}.lease"
 
     def start(self, timeout: float = START_TIMEOUT_S) -> int:
         """Start TensorBoard (one left from an earlier run is stopped
@@ -64,8 +74,9 @@ class TensorBoardTask:
             "--host", "127.0.0.1",
             "--port", "0",
         ]  # fmt: skip
+        watch = Watch.lease(self.lease, LEASE_S)
         result = self.transport.run(
-            self.node, commands.start_task(self.layout, TASK, argv, env={})
+            self.node, commands.start_task(self.layout, TASK, argv, env={}, watch=watch)
         )
         if not result.ok:
             raise RemoteError(f"{self.node}: could not start TensorBoard: {result.tail()}")
@@ -96,7 +107,11 @@ class TensorBoardTask:
         ).stdout
 
     def alive(self) -> bool:
-        result = self.transport.run(self.node, commands.task_status(self.layout, [TASK]))
+        """Whether TensorBoard runs; renews its lease."""
+        renew = renew_lease(commands.path(self.lease))
+        result = self.transport.run(
+            self.node, commands.task_status(self.layout, [TASK]) + "\n" + renew
+        )
         status = facts.parse_task_status(result.stdout).get(TASK)
         return status is not None and status.alive
 
