@@ -122,10 +122,11 @@ class ClusterBase:
         """Autostop counts these nodes busy while the ``with`` lasts
         (``autostop.busy``): install, sync, a launch, a fetch, a sweep.
         Nothing (no round trip) where the provider's nodes never stop
-        themselves or autostop was never used on this cluster."""
+        themselves or autostop was never used on this cluster. It waits for
+        no node (a fetch from a node that is gone must fail at once, not
+        after a boot timeout): callers wait for SSH first where they must."""
         if self.provider.self_stop() is not None or not self.state.get("autostop_used"):
             return contextlib.nullcontext()
         from infra import autostop
 
-        self._wait_ssh(transport)
         return autostop.busy(transport, names, what)

@@ -200,11 +200,12 @@ class ClusterJobs(ClusterBase):
         transport = self._job_transport(names)
         # Busy from before the (maybe long) sync until the tasks run, which
         # keep the nodes busy themselves: no node stops itself meanwhile.
+        if transport.copies_files:
+            self._wait_ssh(transport)
         with self.keep_busy(transport, names, "launch"):
             if sync and transport.copies_files:
                 from infra.setup import sync_nodes
 
-                self._wait_ssh(transport)
                 report = sync_nodes(
                     transport, self.config, workdir=workdir if program.in_workdir else None
                 )

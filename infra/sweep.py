@@ -424,31 +424,32 @@ def run_sweep(
             )
         nodes = list(cluster.config.nodes)
         transport = cluster._job_transport(nodes)
-        # The nodes are busy for autostop from before the sync to the last
-        # fetch: one that waits for the next trial or fetch is not idle.
-        with transport, cluster.keep_busy(transport, nodes, "sweep"):
+        with transport:
             # Nodes just started (a VM booting, a container) answer SSH a
             # moment later: wait for that before the first command.
             cluster._wait_ssh(transport)
-            check_per_node(transport, nodes, per_node)
-            if transport.copies_files:
-                from infra.setup import sync_nodes
+            # The nodes are busy for autostop from before the sync to the
+            # last fetch: one that waits for the next trial or fetch is not idle.
+            with cluster.keep_busy(transport, nodes, "sweep"):
+                check_per_node(transport, nodes, per_node)
+                if transport.copies_files:
+                    from infra.setup import sync_nodes
 
-                report = sync_nodes(
-                    transport, cluster.config, workdir=None if spec.builtin else workdir
+                    report = sync_nodes(
+                        transport, cluster.config, workdir=None if spec.builtin else workdir
+                    )
+                    for line in report.lines():
+                        log.info("sync %s", line)
+                sweep = Sweep(
+                    transport,
+                    nodes,
+                    spec,
+                    per_node=per_node,
+                    dest=dest,
+                    env=cluster.provider.task_env(),
+                    workdir=workdir,
+                    on_change=on_change,
                 )
-                for line in report.lines():
-                    log.info("sync %s", line)
-            sweep = Sweep(
-                transport,
-                nodes,
-                spec,
-                per_node=per_node,
-                dest=dest,
-                env=cluster.provider.task_env(),
-                workdir=workdir,
-                on_change=on_change,
-            )
-            on_ready(sweep)
-            sweep.run()
-            return sweep
+                on_ready(sweep)
+                sweep.run()
+                return sweep
