@@ -30,8 +30,9 @@ that ends the task once the chief has ended, node-side. Three kinds:
   listening, is never seen; then its tasks on other nodes run until the
   next ``train``/``run``/``sweep``/``cancel`` stops them, as before this
   watch existed (the chief's own node, and the whole local cluster, use
-  ``pid``). A chief unreachable for 4 s (a network partition) is taken for
-  gone: its job could not go on through that anyway.
+  ``pid``). A chief unreachable from a task's node for 4 s (a network cut
+  that long) is taken for gone, and that task ends: an async job goes on
+  without a worker, not without its ps.
 - ``lease``: a file holding the node's clock (epoch seconds) that the
   operator's command renews while it is attached (``deploy.py
   tensorboard``); older than the lease, the task ends. So TensorBoard,
