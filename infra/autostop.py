@@ -3,7 +3,7 @@
 The point of ``stop`` is money, and people forget it. With ``autostop: 30m``
 (cluster.yaml, ``up --autostop``, or ``deploy.py autostop`` on a running
 cluster) every node runs a small watcher (the bash loop of
-``commands.autostop_script``) that powers the guest off once no task of any
+``autostop_commands.autostop_script``) that powers the guest off once no task of any
 job (train, run, exec) has run on it for that long. On GCE a guest shutdown
 leaves the instance TERMINATED: disks kept, no compute billed, and the node
 needs no cloud credentials to do it. Whether a provider's nodes can stop
@@ -15,27 +15,42 @@ uses (``commands.alive_pid``: pid file + start tick + TFCLUSTER_TASK), so
 the two never disagree: a job whose tasks still run is never stopped under
 it. A node without a task of the running job (the ps node of a sync job,
 the workers of a single-node one) is not needed by that job and may stop;
-``up``/``start`` bring it back.
+``up``/``start`` bring it back. A job's other tasks end with its chief even
+with nobody attached (infra/watchdog.py), so a forgotten ``--detach`` job
+leaves its nodes idle, not busy for ever. What the operator's commands do
+on a node over SSH (install, sync, a launch, the end-of-job fetch, a
+sweep) keeps it busy through a mark it holds meanwhile (``busy``), and
+TensorBoard counts as a task. The idle time counts from the end of the
+last of these.
 
 This module holds what is decidable here (durations, the cluster-wide
-summary of what the nodes report); the shell text is in
-``infra/commands.py``, its parser in ``infra/facts.py``.
+summary of what the nodes report, the busy marks' holding); the shell text
+is in ``infra/autostop_commands.py``, its parser in ``infra/facts.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
-from collections.abc import Mapping, Sequence
+import secrets
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra import commands, facts
+from infra import autostop_commands, facts
 from infra.errors import RemoteError
 from infra.fanout import fan_out
 from infra.transport import Transport
 
+log = logging.getLogger("tfcluster")
+
 # The watcher looks this often; a shorter autostop could not be kept to.
 CHECK_EVERY_S = 10
 MIN_AUTOSTOP_S = 30
+# A busy mark is written again this often while its command works; it
+# counts for BUSY_LEASE_S after the last time (a command that died).
+BUSY_RENEW_S = 15
 
 _PART = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -107,7 +122,7 @@ class ClusterIdle:
             return "autostop: off"
         line = f"autostop: {format_duration(self.after_s)}"
         if self.busy:
-            return line + "; a job is running (not idle)"
+            return line + "; busy: a job, TensorBoard or a sync runs (not idle)"
         if self.idle_s is None:
             if not self.installed:
                 return line + "; no node running (`deploy.py start` brings them back)"
@@ -146,7 +161,7 @@ def apply(
     """Set autostop on these nodes (``keep``: leave the setting they hold)
     and make sure each runs its watcher; what each then reports."""
     scripts = {
-        n: commands.autostop_apply(
+        n: autostop_commands.autostop_apply(
             transport.layout(n), after_s, keep=keep, check_every=CHECK_EVERY_S
         )
         for n in names
@@ -172,7 +187,7 @@ def report(transport: Transport, names: Sequence[str]) -> dict[str, facts.Autost
     def one(node: str) -> facts.AutostopFacts | None:
         try:
             result = transport.run(
-                node, commands.autostop_status(transport.layout(node)), timeout=20
+                node, autostop_commands.autostop_status(transport.layout(node)), timeout=20
             )
         except RemoteError:
             return None
@@ -180,3 +195,42 @@ def report(transport: Transport, names: Sequence[str]) -> dict[str, facts.Autost
 
     found = fan_out(one, names).results
     return {n: f for n in names if (f := found.get(n)) is not None}
+
+
+@contextlib.contextmanager
+def busy(transport: Transport, names: Sequence[str], what: str) -> Iterator[None]:
+    """Hold these nodes busy while the ``with`` lasts, for work that runs
+    over SSH rather than as a task (install, sync, a launch, a fetch, a
+    sweep): a busy mark on each node, renewed every ``BUSY_RENEW_S`` on a
+    thread, removed at the end, each time starting the node's idle clock
+    again. Marking is best effort: a node that cannot be told is warned
+    about, never a reason to fail the work (which meets the same node
+    anyway). Where autostop was never set on a node, its commands do
+    nothing."""
+    name = f"{what}-{secrets.token_hex(4)}"
+    nodes = list(names)
+
+    def tell(script: Callable[[str], str], doing: str, level: int = logging.WARNING) -> None:
+        try:
+            transport.run_all({n: script(n) for n in nodes}, timeout=30)
+        except RemoteError as exc:
+            log.log(level, "could not %s for autostop: %s", doing, exc)
+
+    def mark(node: str) -> str:
+        return autostop_commands.busy_mark(transport.layout(node), name)
+
+    tell(mark, "mark the nodes busy")
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(BUSY_RENEW_S):
+            tell(mark, "renew the busy marks", logging.DEBUG)  # warned once above
+
+    thread = threading.Thread(target=renew, daemon=True, name=f"busy-{what}")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        tell(lambda n: autostop_commands.busy_clear(transport.layout(n), name), "clear a mark")

@@ -282,7 +282,10 @@ class Cluster(ClusterRuns, ClusterAccess):
 
         with self.provider.transport(nodes) as transport:
             self._wait_ssh(transport)
-            return setup_nodes(transport, self.config, on_event=on_event, sync=sync)
+            # A node (re)started with autostop on runs its watcher from the
+            # boot: an install of minutes must not look idle to it.
+            with self.keep_busy(transport, [n.name for n in nodes], "setup"):
+                return setup_nodes(transport, self.config, on_event=on_event, sync=sync)
 
     def plan_down(self) -> DownPlan:
         return plan_down(self.nodes(), self.provider.shared_resources())

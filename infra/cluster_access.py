@@ -300,10 +300,13 @@ class ClusterAccess(ClusterJobs):
                 from infra.setup import sync_nodes
 
                 self._wait_ssh(transport)
-                if self.running_job() is None:
-                    log_sync(sync_nodes(transport, self.config, workdir=workdir))
-                else:
+                if self.running_job() is not None:
                     log.warning("a job is running: the working folder is not synced for exec")
+                else:
+                    # The command keeps its node busy itself (its pid
+                    # file); its sync, before it, through a busy mark.
+                    with self.keep_busy(transport, names, "exec"):
+                        log_sync(sync_nodes(transport, self.config, workdir=workdir))
         codes: dict[str, int] = {}
         errors: dict[str, RemoteError] = {}
 

@@ -11,8 +11,9 @@ nodes by hand (infra/cluster_access.py). What they all use is here, and
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -124,3 +125,18 @@ class ClusterBase:
     @staticmethod
     def _wait_ssh(transport: Transport) -> None:
         transport.wait_ready()
+
+    def keep_busy(
+        self, transport: Transport, names: Sequence[str], what: str
+    ) -> AbstractContextManager[None]:
+        """Autostop counts these nodes busy while the ``with`` lasts
+        (``autostop.busy``): install, sync, a launch, a fetch, a sweep.
+        Nothing (no round trip) where the provider's nodes never stop
+        themselves or autostop was never used on this cluster. It waits for
+        no node (a fetch from a node that is gone must fail at once, not
+        after a boot timeout): callers wait for SSH first where they must."""
+        if self.provider.self_stop() is not None or not self.state.get("autostop_used"):
+            return contextlib.nullcontext()
+        from infra import autostop
+
+        return autostop.busy(transport, names, what)

@@ -10,12 +10,12 @@ infra/jobrun.py is a job's whole life as one call on top of these.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from infra import commands
 from infra.cluster_base import locked
 from infra.cluster_bucket import ClusterBucket
 from infra.config import check_env_name
@@ -25,7 +25,6 @@ from infra.errors import (
     HostKeyChanged,
     Interrupted,
     JobFailed,
-    RemoteError,
     StateError,
 )
 from infra.job import Job, shielded
@@ -249,45 +248,49 @@ class ClusterJobs(ClusterBucket):
             workdir = self.workdir()
         names = self.job_nodes(program.task_types)
         transport = self._job_transport(names)
-        self._autostop_touch(transport, names)
-        if sync and transport.copies_files:
-            from infra import code_snapshot
-            from infra.setup import sync_nodes
-
+        # Busy from before the (maybe long) sync until the tasks run, which
+        # keep the nodes busy themselves: no node stops itself meanwhile.
+        if transport.copies_files:
             self._wait_ssh(transport)
-            synced = workdir if program.in_workdir else None
-            log_sync(sync_nodes(transport, self.config, workdir=synced))
-            # What a recovery will restart it with (infra/code_snapshot.py).
-            code_snapshot.record(transport, self.config, spec.run_id, synced)
-            clock.mark("sync")
-        elif not transport.copies_files and program.in_workdir and workdir and (
-            workdir / "requirements.txt"
-        ).is_file():
-            log.warning(
-                "the local cluster runs this machine's Python; install requirements.txt "
-                "into it yourself"
+        with self.keep_busy(transport, names, "launch"):
+            if sync and transport.copies_files:
+                from infra import code_snapshot
+                from infra.setup import sync_nodes
+
+                synced = workdir if program.in_workdir else None
+                log_sync(sync_nodes(transport, self.config, workdir=synced))
+                # What a recovery will restart it with (infra/code_snapshot.py).
+                code_snapshot.record(transport, self.config, spec.run_id, synced)
+                clock.mark("sync")
+            elif not transport.copies_files and program.in_workdir and workdir and (
+                workdir / "requirements.txt"
+            ).is_file():
+                log.warning(
+                    "the local cluster runs this machine's Python; install requirements.txt "
+                    "into it yourself"
+                )
+            tasks = self.job_tasks(program.task_types, names)
+            self.provider.before_tasks(program, tasks)
+            spec = self.bucket_spec(spec, transport, tasks)
+            job = Job(
+                transport,
+                tasks,
+                spec,
+                env={**self.provider.task_env(), **self.bucket_env(spec.run_id)},
+                workdir=workdir,
+                on_event=on_event,
+                on_log=on_log,
+                on_waiting=on_waiting,
+                clock=clock,
+                busy=functools.partial(self.keep_busy, transport),
             )
-        tasks = self.job_tasks(program.task_types, names)
-        self.provider.before_tasks(program, tasks)
-        spec = self.bucket_spec(spec, transport, tasks)
-        job = Job(
-            transport,
-            tasks,
-            spec,
-            env={**self.provider.task_env(), **self.bucket_env(spec.run_id)},
-            workdir=workdir,
-            on_event=on_event,
-            on_log=on_log,
-            on_waiting=on_waiting,
-            clock=clock,
-        )
-        try:
-            job.start()
-        except (JobFailed, Interrupted) as exc:
-            # A job that failed at start is the last job all the same:
-            # `status` names it with its code, `logs` shows why.
-            self.remember(job, exit_code=exc.exit_code)
-            raise
+            try:
+                job.start()
+            except (JobFailed, Interrupted) as exc:
+                # A job that failed at start is the last job all the same:
+                # `status` names it with its code, `logs` shows why.
+                self.remember(job, exit_code=exc.exit_code)
+                raise
         self.remember(job)
         # The chief's node mirrors its run folder into the bucket.
         self.start_uploader(
@@ -437,7 +440,7 @@ class ClusterJobs(ClusterBucket):
             model=record.model,
             mode=record.mode,
         )
-        job = Job(transport, tasks, spec)
+        job = Job(transport, tasks, spec, busy=functools.partial(self.keep_busy, transport))
         job.output_dir = record.output_dir
         return job
 
@@ -457,17 +460,6 @@ class ClusterJobs(ClusterBucket):
             hint="--dest FOLDER brings the results elsewhere",
         )
         return folder
-
-    def _autostop_touch(self, transport: Transport, names: Sequence[str]) -> None:
-        """A job being launched is activity: the nodes' idle clocks start
-        again before its (maybe long) sync, so that none stops meanwhile."""
-        if self.provider.self_stop() is not None or not self.state.get("autostop_used"):
-            return
-        self._wait_ssh(transport)
-        try:
-            transport.run_all({n: commands.autostop_touch(transport.layout(n)) for n in names})
-        except RemoteError as exc:
-            log.warning("could not restart the autostop clocks: %s", exc)
 
 
 def log_sync(report: SetupReport) -> None:

@@ -8,7 +8,11 @@ commands a GCE cluster gets.
 Each task runs detached: ``setsid`` gives it its own session and process
 group (so it survives the SSH channel, and one ``kill -- -PGID`` stops it
 with any children), its output goes to ``<logs>/<task>.log``, its pid to
-``<task>.pid``, and the wrapper writes its exit code to ``<task>.exit``.
+``<task>.pid``, and the wrapper (infra/watchdog.py) writes its exit code to
+``<task>.exit``; the wrapper's watch ends the task when its job is over,
+with nobody attached. The user's environment values reach it through a
+private file (infra/task_env.py), never its command line. Autostop's shell
+text is in infra/autostop_commands.py.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from infra.transport import NodeLayout
+from infra.watchdog import Watch, renew_lease, watch_words, wrapper_argv
 
 # Every command starts in the login's home; relative layout paths are from
 # there. H pins it (exported: the tasks' inner shells use it too), so a later
@@ -33,7 +38,7 @@ from infra.transport import NodeLayout
 # an edited pid file naming some other process (a shell) never gets that
 # process killed. `alive_pid FILE` prints the pid of a live task, nothing
 # otherwise.
-_PRELUDE = "\n".join(
+PRELUDE = "\n".join(
     [
         'export H="$PWD"',
         'start_tick() { local s; read -r s 2>/dev/null < "/proc/$1/stat" || return 0; '
@@ -50,15 +55,13 @@ _PRELUDE = "\n".join(
         # the zombies of PID 1 (they outlive the shell that started them),
         # which a container's or microVM's init may reap only seconds later;
         # each stop and each job's end waited those seconds.
-        'group_alive() { local g=$1 f s; for f in /proc/[0-9]*/stat; do '
+        "group_alive() { local g=$1 f s; for f in /proc/[0-9]*/stat; do "
         'read -r s 2>/dev/null < "$f" || continue; s=${s##*) }; set -- $s; '
         '{ [ "$3" = "$g" ] || [ "$f" = "/proc/$g/stat" ]; } && [ "$1" != Z ] && return 0; '
         "done; return 1; }",
     ]
 )
 
-# For the commands of other modules (infra/storage/commands.py).
-PRELUDE = _PRELUDE
 
 
 def path(p: str) -> str:
@@ -71,6 +74,12 @@ def _files(layout: NodeLayout, task: str) -> tuple[str, str, str]:
     return path(base + ".log"), path(base + ".pid"), path(base + ".exit")
 
 
+def autostop_dir(layout: NodeLayout) -> str:
+    """The node's autostop folder (infra/autostop_commands.py), as a layout
+    path: a task that ends touches its ``active`` (the idle clock)."""
+    return f"{layout.root.rstrip('/')}/autostop"
+
+
 def start_task(
     layout: NodeLayout,
     task: str,
@@ -80,6 +89,8 @@ def start_task(
     cwd: str | None = None,
     run_dir: str | None = None,
     path_env: Mapping[str, str] | None = None,
+    env_file: str | None = None,
+    watch: Watch | None = None,
 ) -> str:
     """Start ``argv`` detached as ``task``; prints ``started TASK PID``.
 
@@ -89,16 +100,30 @@ def start_task(
     layout paths (made absolute on the node). ``run_dir`` is created and
     exported as ``TFCLUSTER_RUN_DIR``. A task of the same name still running
     is an error (exit 3), so a job is never started on top of another one;
-    a working folder that does not exist is exit 4."""
+    a working folder that does not exist is exit 4.
+
+    ``env``'s values are on the task's command line for a moment (``env
+    K=V``), where any user of the node can read them: only tfcluster's own
+    (TF_CONFIG, TFCLUSTER_*). The user's values (``--env``, ``job.env``)
+    come from ``env_file`` (a layout path; ``task_env.put`` wrote it, 0600):
+    the launching shell exports them, so they reach the task through its
+    environment (readable by the user alone), never a command line; exit 5
+    when it is missing. ``watch`` ends the task when its job is over
+    (infra/watchdog.py)."""
     _, pid, exit_file = _files(layout, task)
     lines = [
-        _PRELUDE,
+        PRELUDE,
         f"mkdir -p {path(layout.logs)}",
         f'if [ -n "$(alive_pid {pid})" ]; then',
         f"  echo 'already running {task}' >&2; exit 3",
         "fi",
         f"rm -f {exit_file}",
     ]
+    if env_file is not None:
+        lines.append(
+            f"[ -r {path(env_file)} ] || "
+            f"{{ echo 'no environment file for {task} on this node' >&2; exit 5; }}"
+        )
     paths = dict(path_env or {})
     if run_dir is not None:
         paths["TFCLUSTER_RUN_DIR"] = run_dir
@@ -108,42 +133,67 @@ def start_task(
             f"cd {path(cwd)} 2>/dev/null || "
             f"{{ echo 'no working folder '{shlex.quote(cwd)}' on this node' >&2; exit 4; }}"
         )
-    lines += _launch(layout, task, argv, _assignments(env, paths))
+    if watch is not None and watch.kind == "pid":
+        # What the chief's pid file holds before this job's chief starts
+        # (on its node, the chief is started after every other task).
+        lines.append(f'a= b=; read -r a b 2>/dev/null < {path(watch.target)}; tfc_snap="$a $b"')
+    if watch is not None and watch.kind == "lease":
+        lines.append(renew_lease(path(watch.target)))
+    lines += _launch(layout, task, argv, _assignments(env, paths), env_file, watch)
     return "\n".join(lines)
 
 
 def _assignments(env: Mapping[str, str], paths: Mapping[str, str]) -> list[str]:
     """``NAME=value`` words: ``env``'s values literal, ``paths``' as layout
     paths (absolute on the node)."""
-    # The variables reach the task through `env`, never `export` into this
-    # script: a user's variable named like one the script itself uses (H,
-    # IFS, ...) would otherwise change where its pid and log files go or
-    # how it reads /proc, and leave a task nobody can find or stop.
     assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     return assignments + [f"{k}={path(v)}" for k, v in sorted(paths.items())]
 
 
 def _launch(
-    layout: NodeLayout, task: str, argv: Sequence[str], assignments: Sequence[str]
+    layout: NodeLayout,
+    task: str,
+    argv: Sequence[str],
+    assignments: Sequence[str],
+    env_file: str | None,
+    watch: Watch | None,
 ) -> list[str]:
-    """Start the task detached, write its pid file once the task can be
-    found by it, and print ``started TASK PID``."""
+    """Start the task detached in its wrapper (infra/watchdog.py), write its
+    pid file once the task can be found by it, and print ``started TASK
+    PID``."""
     log, pid, exit_file = _files(layout, task)
-    # The inner shell runs the command and records its exit code. "$1" is
-    # the exit file, passed as an argument so it is not quoted twice; "$0"
-    # is the task's name, which bash puts before its own errors
-    # ("worker-0: line 1: train.py: command not found").
-    inner = " ".join(shlex.quote(a) for a in argv) + '; echo $? > "$1"'
+    words = wrapper_argv(
+        task,
+        exit_file,
+        path(autostop_dir(layout)),
+        watch_words(watch, path(watch.target) if watch else "", "tfc_snap"),
+        argv,
+    )
+    # The user's variables are exported last, in the subshell that becomes
+    # the task: every word of the command (paths from $H included) is
+    # expanded before, into "$@", so a variable named like one of this
+    # script's (H, IFS, ...) cannot change where its pid and log files go
+    # or how it reads /proc, and leave a task nobody can find or stop.
+    load = []
+    if env_file is not None:
+        load = [
+            f"  mapfile -d '' -t tfc_env < {path(env_file)} || exit 5",
+            '  [ ${#tfc_env[@]} = 0 ] || export "${tfc_env[@]}"',
+        ]
     return [
         f'export PATH={path(layout.bin)}:"$PATH"',
         # Every task carries its name: alive_pid looks for it.
         f"export TFCLUSTER_TASK={shlex.quote(task)}",
         # setsid: own session and process group, so the task outlives the
         # SSH channel and `kill -- -PID` reaches its children too;
-        # </dev/null and the redirects free the channel at once.
-        f"setsid env {' '.join(assignments)} bash -c {shlex.quote(inner)} "
-        f"{shlex.quote(task)} {exit_file} "
-        f"> {log} 2>&1 < /dev/null &",
+        # </dev/null and the redirects free the channel at once. The
+        # subshell execs setsid, which execs env, then the wrapper: one pid.
+        "(",
+        f"  set -- setsid env {' '.join(assignments)} {' '.join(words)}",
+        f"  exec > {log} 2>&1 < /dev/null",
+        *load,
+        '  exec "$@"',
+        ") &",
         "p=$!",
         # /proc/PID/environ is the one of the last exec: until setsid has
         # exec'd, it lacks TFCLUSTER_TASK, and the task would look dead. The
@@ -159,6 +209,13 @@ def _launch(
 OUTPUT_LINES = 20
 
 
+def remove_on_exit(p: str) -> list[str]:
+    """Lines that remove the file ``p`` (a layout path) when the script they
+    start ends, however it ends: a start script's environment file, once
+    every task it started has its environment."""
+    return ['export H="$PWD"', f"tfc_gone={path(p)}", "trap 'rm -f -- \"$tfc_gone\"' EXIT"]
+
+
 def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> str:
     """Wait until each task listens on its port, at most ``timeout``
     seconds; prints one line per task: ``ready NAME``, ``dead NAME`` (its
@@ -168,7 +225,7 @@ def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> 
     the wait ends at the first death: a job with a dead task will not start,
     so waiting for the others only delays the error."""
     names = sorted(tasks)
-    lines = [_PRELUDE, "SECONDS=0"]
+    lines = [PRELUDE, "SECONDS=0"]
     lines += [f"s{i}=timeout" for i in range(len(names))]
     lines.append("while :; do")
     lines.append("  pending=0; died=0")
@@ -203,7 +260,7 @@ def wait_ports(layout: NodeLayout, tasks: Mapping[str, int], timeout: float) -> 
 
 def task_status(layout: NodeLayout, tasks: Sequence[str]) -> str:
     """Prints ``NAME PID ALIVE EXIT`` per task (``-`` where unknown)."""
-    lines = [_PRELUDE]
+    lines = [PRELUDE]
     for task in tasks:
         _, pid, exit_file = _files(layout, task)
         lines.append(
@@ -217,7 +274,7 @@ def task_status(layout: NodeLayout, tasks: Sequence[str]) -> str:
 def stop_tasks(layout: NodeLayout, tasks: Sequence[str], grace: float = 10.0) -> str:
     """TERM each task's process group, KILL what is left after ``grace``
     seconds; prints ``stopped NAME`` per task that was running."""
-    lines = [_PRELUDE, "pids=''"]
+    lines = [PRELUDE, "pids=''"]
     for task in tasks:
         _, pid, _ = _files(layout, task)
         lines.append(
@@ -235,6 +292,9 @@ def stop_tasks(layout: NodeLayout, tasks: Sequence[str], grace: float = 10.0) ->
         f"[ $SECONDS -lt {int(grace)} ]; do sleep 0.05; done; "
         f'kill -KILL -- -"$p" 2>/dev/null; done; true'
     )
+    # The node is idle from now on (if nothing else runs): autostop's clock.
+    d = path(autostop_dir(layout))
+    lines.append(f'[ -z "$pids" ] || [ ! -d {d} ] || touch {d}/active')
     return "\n".join(lines)
 
 
@@ -244,7 +304,7 @@ def follow_log(layout: NodeLayout, task: str) -> str:
     log, pid, exit_file = _files(layout, task)
     return "\n".join(
         [
-            _PRELUDE,
+            PRELUDE,
             f"p=$(alive_pid {pid})",
             # A task already gone: its whole log, no following. tail waits
             # for a watcher of ours, not for the task's pid: tail's test
@@ -268,7 +328,7 @@ def follow_log(layout: NodeLayout, task: str) -> str:
 def task_log_tail(layout: NodeLayout, task: str, lines: int) -> str:
     """The last ``lines`` lines of one task's log."""
     log, _, _ = _files(layout, task)
-    return "\n".join([_PRELUDE, f"tail -n {int(lines)} {log} 2>/dev/null || true"])
+    return "\n".join([PRELUDE, f"tail -n {int(lines)} {log} 2>/dev/null || true"])
 
 
 def in_workdir(layout: NodeLayout, workdir: str, argv: Sequence[str]) -> str:
@@ -276,7 +336,7 @@ def in_workdir(layout: NodeLayout, workdir: str, argv: Sequence[str]) -> str:
     first on PATH, stderr with stdout (``deploy.py exec``)."""
     return "\n".join(
         [
-            _PRELUDE,
+            PRELUDE,
             f"cd {path(workdir)} 2>/dev/null || "
             f"{{ echo 'no working folder '{shlex.quote(workdir)}' on this node'; exit 4; }}",
             f'export PATH={path(layout.bin)}:"$PATH"',
@@ -300,7 +360,7 @@ def tail_logs(
     if until is not None and not until:
         follow = False
     head = [
-        _PRELUDE,
+        PRELUDE,
         f"cd {path(layout.logs)} 2>/dev/null || exit 0",
         "ls *.log >/dev/null 2>&1 || exit 0",
     ]
@@ -398,142 +458,6 @@ def gpu_check(layout: NodeLayout, wait_s: int = DRIVER_WAIT_S) -> str:
     )
 
 
-# -- autostop (infra/autostop.py) ------------------------------------------------------
-#
-# The watcher decides "idle" with alive_pid over every pid file of the logs
-# folder: the very test the orchestrator uses for a job's tasks, so the two
-# never disagree. `exec` writes a pid file there too (in_workdir), so a long
-# `exec -- python eval.py` keeps the node up as a job does.
-
-_SCAN = (
-    'tfc_busy() { local f b=0; for f in "$1"/*.pid; do [ -e "$f" ] || continue; '
-    'if [ -n "$(alive_pid "$f")" ]; then b=$((b+1)); '
-    'else case "${f##*/}" in exec-*) rm -f "$f";; esac; fi; done; echo $b; }'
-)
-_UNIT = "tfcluster-autostop"
-
-
-def _autostop_dir(layout: NodeLayout) -> str:
-    return f"{layout.root.rstrip('/')}/autostop"
-
-
-def autostop_script(layout: NodeLayout, check_every: int) -> str:
-    """The watcher: a bash loop that powers the guest off once no task has
-    run on this node for ``autostop/after`` seconds. Its idle clock is the
-    mtime of ``autostop/active``, touched while a task runs, when the
-    setting changes, and when the watcher starts (a boot, a `start`): a
-    node that was just started is not stopped at once for its idle past."""
-    d = path(_autostop_dir(layout))
-    logs = path(layout.logs)
-    return "\n".join(
-        [
-            "#!/bin/bash",
-            "# tfcluster's autostop watcher, written by `deploy.py up/autostop`",
-            "# (infra/autostop.py). Edits are overwritten.",
-            'cd "$HOME" || exit 1',
-            _PRELUDE,
-            _SCAN,
-            f"touch {d}/active",
-            "while :; do",
-            f'  [ "$(tfc_busy {logs})" = 0 ] || touch {d}/active',
-            f"  a=$(cat {d}/after 2>/dev/null)",
-            '  case "$a" in ""|*[!0-9]*) a=0;; esac',
-            f"  i=$(( $(date +%s) - $(stat -c %Y {d}/active 2>/dev/null || date +%s) ))",
-            # Looked at again right before: a job started meanwhile wins.
-            f'  if [ "$a" -gt 0 ] && [ "$i" -ge "$a" ] && [ "$(tfc_busy {logs})" = 0 ]; then',
-            f'    echo "$(date -u +%FT%TZ) idle ${{i}}s >= ${{a}}s: powering off" >> {d}/watch.log',
-            # A VM (systemd): a clean poweroff, which GCE records as TERMINATED.
-            # A container (no init system): its PID 1 (sshd) ends, and with it
-            # the container, which the fake GCE records as TERMINATED.
-            "    if [ -d /run/systemd/system ]; then sudo -n systemctl poweroff; "
-            "else sudo -n kill -TERM 1; fi",
-            "    sleep 60",
-            "  fi",
-            f"  sleep {int(check_every)}",
-            "done",
-        ]
-    )
-
-
-def _autostop_report(layout: NodeLayout) -> list[str]:
-    """Lines that print ``autostop AFTER IDLE BUSY WATCHING CONFIGURED``."""
-    d = path(_autostop_dir(layout))
-    return [
-        _SCAN,
-        f"a=$(cat {d}/after 2>/dev/null); c=0; [ -e {d}/after ] && c=1",
-        f"b=$(tfc_busy {path(layout.logs)})",
-        f"i=$(( $(date +%s) - $(stat -c %Y {d}/active 2>/dev/null || date +%s) ))",
-        '[ "$b" = 0 ] || i=0',
-        f"w=0; if systemctl is-active --quiet {_UNIT} 2>/dev/null || "
-        f'[ -n "$(alive_pid {d}/watcher.pid)" ]; then w=1; fi',
-        'echo "autostop ${a:-off} $i $b $w $c"',
-    ]
-
-
-def autostop_status(layout: NodeLayout) -> str:
-    """What the node's watcher holds and sees (``facts.parse_autostop``)."""
-    return "\n".join([_PRELUDE, *_autostop_report(layout)])
-
-
-def autostop_apply(
-    layout: NodeLayout, after_s: int | None, *, keep: bool, check_every: int
-) -> str:
-    """Set the node's autostop (``after_s`` seconds, None: off) or, with
-    ``keep``, leave the setting it has; then make sure its watcher runs.
-    Idempotent: the script is rewritten (atomically: a running bash reads
-    its script as it goes) and the watcher restarted.
-
-    How the watcher survives a reboot: under systemd (a GCE VM) it is a
-    system unit, enabled, so it starts at every boot, however the VM was
-    started. Without an init system (the test containers, whose PID 1 is
-    sshd) there is nothing that runs at boot: it is a setsid'd loop, and
-    `up` and `start` (which every restart of a node goes through) run this
-    command again. Prints what ``autostop_status`` prints."""
-    d = path(_autostop_dir(layout))
-    lines = [_PRELUDE, f"mkdir -p {d}"]
-    if keep:
-        # Autostop never used on this node: nothing to watch.
-        lines.append(f'[ -e {d}/after ] || {{ echo "autostop off 0 0 0 0"; exit 0; }}')
-    else:
-        value = str(int(after_s)) if after_s else "0"
-        lines.append(f"echo {value} > {d}/after.tmp && mv -f {d}/after.tmp {d}/after")
-    script = autostop_script(layout, check_every)
-    lines += [
-        f"cat > {d}/watch.sh.tmp <<'TFCLUSTER_AUTOSTOP_EOF'",
-        script,
-        "TFCLUSTER_AUTOSTOP_EOF",
-        f"mv -f {d}/watch.sh.tmp {d}/watch.sh",
-        # A new setting (or a restarted watcher) starts the idle clock again.
-        f"touch {d}/active",
-        "if [ -d /run/systemd/system ] && sudo -n true 2>/dev/null; then",
-        f"  printf '%s\\n' '[Unit]' 'Description=tfcluster autostop' '[Service]' "
-        f'"User=$(id -un)" "WorkingDirectory=$H" "ExecStart=/bin/bash "{d}/watch.sh '
-        f"'Restart=always' '[Install]' 'WantedBy=multi-user.target' "
-        f"| sudo -n tee /etc/systemd/system/{_UNIT}.service >/dev/null",
-        f"  sudo -n systemctl daemon-reload && sudo -n systemctl enable --quiet {_UNIT} "
-        f"&& sudo -n systemctl restart {_UNIT}",
-        "else",
-        f'  p=$(alive_pid {d}/watcher.pid); [ -z "$p" ] || kill "$p" 2>/dev/null',
-        f"  setsid env TFCLUSTER_TASK=watcher nohup bash {d}/watch.sh >> {d}/watch.log 2>&1 "
-        "< /dev/null &",
-        "  p=$!",
-        '  n=0; until is_task "$p" watcher || [ $n -ge 500 ] || ! kill -0 "$p" 2>/dev/null; '
-        "do sleep 0.01; n=$((n+1)); done",
-        f'  echo "$p $(start_tick "$p")" > {d}/watcher.pid',
-        "fi",
-        *_autostop_report(layout),
-    ]
-    return "\n".join(lines)
-
-
 def file_exists(p: str) -> str:
     """Prints ``yes`` when the file ``p`` (a layout path) exists."""
-    return "\n".join([_PRELUDE, f"if [ -e {path(p)} ]; then echo yes; else echo no; fi"])
-
-
-def autostop_touch(layout: NodeLayout) -> str:
-    """Start the node's autostop idle clock again (a job is being launched:
-    its sync may take longer than a short autostop); nothing where
-    autostop was never set."""
-    d = path(_autostop_dir(layout))
-    return "\n".join([_PRELUDE, f"if [ -e {d}/after ]; then touch {d}/active; fi"])
+    return "\n".join([PRELUDE, f"if [ -e {path(p)} ]; then echo yes; else echo no; fi"])

@@ -17,17 +17,19 @@ it was.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra import commands, facts, failure, readiness
+from infra import commands, facts, failure, readiness, task_env
 from infra.errors import (
     HostKeyChanged,
     Interrupted,
@@ -44,6 +46,7 @@ from infra.readiness import Waiting, ready_wait
 from infra.text import node_text
 from infra.tfconfig import TaskSpec, tf_config_json
 from infra.transport import CommandResult, Transport
+from infra.watchdog import Watch, task_watch
 
 log = logging.getLogger("tfcluster")
 
@@ -82,9 +85,14 @@ class Job:
         on_waiting: Callable[[list[Waiting]], None] = lambda waiting: None,
         ready_timeout: float | None = None,
         clock: StartupClock | None = None,
+        busy: Callable[[Sequence[str], str], AbstractContextManager[object]] | None = None,
     ) -> None:
+        """``busy(nodes, what)``: held while the job's fetch works on the
+        chief's node, so that autostop counts it as busy
+        (``Cluster.keep_busy``); none by default."""
         self.transport = transport
         on_event, on_log = shielded(on_event), shielded(on_log)
+        self.busy = busy or (lambda nodes, what: contextlib.nullcontext())
         # The start-up's stages, said as events (and told to the chief).
         self.clock = clock or StartupClock(on_event)
         self.tasks = list(tasks)
@@ -162,10 +170,7 @@ class Job:
         by_node: dict[str, list[TaskSpec]] = defaultdict(list)
         for task in tasks:
             by_node[task.node].append(task)
-        scripts = {
-            node: "\n".join(self._start_command(t) for t in node_tasks)
-            for node, node_tasks in by_node.items()
-        }
+        private = self._private_env()
         # Node by node, not run_all, and each node's tasks recorded as soon
         # as it answers: when another node cannot be reached, or Ctrl-C
         # comes meanwhile, what was started must be known, to be stopped.
@@ -174,7 +179,16 @@ class Job:
 
         def start_on(node: str) -> None:
             try:
-                result = self.transport.run_in_task_network(node, scripts[node], timeout=60)
+                # The user's values: a file the start script reads, then
+                # removes when it ends (infra/task_env.py).
+                env_file = task_env.put(self.transport, node, self.spec.run_id, private)
+                script = "\n".join(
+                    [
+                        *(commands.remove_on_exit(env_file) if env_file else []),
+                        *(self._start_command(t, env_file) for t in by_node[node]),
+                    ]
+                )
+                result = self.transport.run_in_task_network(node, script, timeout=60)
             except RemoteError as exc:
                 unreachable[node] = exc
                 return
@@ -182,8 +196,8 @@ class Job:
             started = facts.parse_started(result.stdout)
             self.started += [t for t in by_node[node] if t.name in started]
 
-        with ThreadPoolExecutor(max_workers=min(16, len(scripts)) or 1) as pool:
-            list(pool.map(start_on, scripts))
+        with ThreadPoolExecutor(max_workers=min(16, len(by_node)) or 1) as pool:
+            list(pool.map(start_on, by_node))
         if unreachable:
             self.stop(self.started)
             # A changed host key keeps its type (and exit code).
@@ -206,22 +220,23 @@ class Job:
                 else "`deploy.py logs` shows the task logs",
             )
 
-    def _start_command(self, task: TaskSpec) -> str:
+    def _private_env(self) -> dict[str, str]:
+        """The values the user (and the provider) set for every task: they
+        reach the tasks through a file, never a command line."""
+        return {**dict(self.spec.program.env), **self.env}
+
+    def _start_command(self, task: TaskSpec, env_file: str | None) -> str:
         layout = self.transport.layout(task.node)
         program = self.spec.program
-        env = {
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "PYTHONUNBUFFERED": "1",
-            **dict(program.env),
-            **self.env,
+        own = {
             "TF_CONFIG": tf_config_json(self.tasks, task),
             "TFCLUSTER_RUN_ID": self.spec.run_id,
             "TFCLUSTER_TASK": task.name,
         }
         if self.spec.resume:
-            env["TFCLUSTER_RESUME"] = "1"
+            own["TFCLUSTER_RESUME"] = "1"
         if task is self.chief:
-            env.update(self.clock.for_chief())
+            own.update(self.clock.for_chief())
         cwd = None
         if program.in_workdir:
             if self.workdir is None:
@@ -234,12 +249,18 @@ class Job:
             layout,
             task.name,
             program.argv,
-            env,
+            task_env.split(self._private_env(), own),
             cwd=cwd,
             run_dir=self.run_dir(task.node),
             path_env=path_env,
+            env_file=env_file,
+            # The chief's end is the job's; every other task ends with it.
+            watch=None if task is self.chief else self._watch(task),
         )
         return "(\n" + script + "\n)"
+
+    def _watch(self, task: TaskSpec) -> Watch:
+        return task_watch(self.transport, self.chief, task, self.spec.run_id)
 
     def _wait_ready(self, tasks: Sequence[TaskSpec]) -> None:
         """Wait until every task listens on its port (infra/readiness.py)."""
@@ -402,7 +423,8 @@ class Job:
                 f"cannot fetch into {str(dest)[:60]!r}: {exc.strerror or exc}",
                 hint="`deploy.py fetch --dest FOLDER` brings the run folder to another place",
             ) from None
-        self.transport.fetch(self.chief.node, self.output_dir, dest)
+        with self.busy([self.chief.node], "fetch"):
+            self.transport.fetch(self.chief.node, self.output_dir, dest)
         return dest
 
     def run(self, dest: Path) -> int:

@@ -91,6 +91,16 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
+def write_private_file(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, readable by this user alone: 0600 from its first
+    byte, in a folder made 0700 (one that exists is made so), renamed into
+    place (a reader never sees half of it). The local nodes' environment
+    files (infra/task_env.py) are written so."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path.parent, 0o700)
+    _write_atomic(path, data, 0o600)
+
+
 def read_public_key(private_key: Path) -> str:
     """The public key line of an existing private key (its .pub, else derived)."""
     public_key = private_key.with_name(private_key.name + ".pub")

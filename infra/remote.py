@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import posixpath
+import secrets
 import shlex
 import shutil
 import socket
@@ -85,6 +87,8 @@ class SshTransport(Transport):
         self.user = config.ssh.user
         self.connect_timeout = config.ssh.connect_timeout
         self._rsync: dict[str, bool] = {}
+        # Folders write_private has made 0700, per node, for this transport's life.
+        self._private_dirs: dict[str, set[str]] = {}
         self.connections = SshConnections(
             self.targets,
             config=config,
@@ -222,6 +226,35 @@ class SshTransport(Transport):
                     out.write(local)
             else:
                 sftp.put(str(local), remote_path, confirm=False)
+        except OSError as exc:
+            raise RemoteError(f"{node}: cannot write {remote_path}: {exc}") from None
+        except (SSHException, EOFError) as exc:
+            self._drop(node)
+            raise RemoteError(f"{node}: lost the SSH connection: {exc}") from None
+
+    def write_private(self, node: str, remote_path: str, data: bytes) -> None:
+        """See ``Transport.write_private``; over SFTP: the file is 0600 before
+        its first byte. Four round trips (six at a node's first): only a job
+        with values of the user's pays them."""
+        sftp = self.sftp(node)
+        folder = posixpath.dirname(remote_path) or "."
+        tmp = f"{remote_path}.{secrets.token_hex(6)}.tmp"
+        try:
+            if folder not in self._private_dirs.setdefault(node, set()):
+                with contextlib.suppress(OSError):  # it exists already
+                    sftp.mkdir(folder, 0o700)
+                sftp.chmod(folder, 0o700)
+                self._private_dirs[node].add(folder)
+            try:
+                with sftp.open(tmp, "wb") as out:
+                    out.chmod(0o600)
+                    out.set_pipelined(True)
+                    out.write(data)
+                sftp.posix_rename(tmp, remote_path)
+            except BaseException:
+                with contextlib.suppress(OSError, SSHException, EOFError):
+                    sftp.remove(tmp)
+                raise
         except OSError as exc:
             raise RemoteError(f"{node}: cannot write {remote_path}: {exc}") from None
         except (SSHException, EOFError) as exc:

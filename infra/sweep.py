@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import commands, facts
+from infra import commands, facts, task_env
 from infra.destination import check_destination
 from infra.errors import ConfigError, HostKeyChanged, Interrupted, RemoteError, StateError
 from infra.sweep_spec import SweepSpec, param_env
@@ -93,25 +93,36 @@ class Sweep:
         self._events: queue.Queue[tuple[Trial, int | None, str]] = queue.Queue()
         self._write_lock = threading.Lock()
         self._fetches: list[Future[None]] = []
+        self._env_files: dict[str, str | None] = {}
 
     # -- paths and commands --
 
     def run_dir(self, node: str, trial: Trial) -> str:
         return f"{self.transport.layout(node).runs}/{self.spec.sweep_id}/{trial.name}"
 
+    def _env_file(self, node: str) -> str | None:
+        """The file of the user's values on ``node`` (infra/task_env.py),
+        written before the node's first trial, removed at the sweep's end."""
+        with self._write_lock:
+            if node in self._env_files:
+                return self._env_files[node]
+        private = {**dict(self.spec.env), **self.env}
+        written = task_env.put(self.transport, node, self.spec.sweep_id, private)
+        with self._write_lock:
+            self._env_files[node] = written
+        return written
+
     def _start_script(self, node: str, trial: Trial) -> str:
         layout = self.transport.layout(node)
-        env = {
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "PYTHONUNBUFFERED": "1",
-            **dict(self.spec.env),
-            **self.env,
+        own = {
             **param_env(trial.params),
             "TFCLUSTER_RUN_ID": self.spec.sweep_id,
             "TFCLUSTER_SWEEP": self.spec.sweep_id,
             "TFCLUSTER_TRIAL": str(trial.index),
             **({"TFCLUSTER_BUCKET_URL": f"{self.bucket}/{trial.name}"} if self.bucket else {}),
         }
+        env_file = self._env_file(node)
+        env = task_env.split({**dict(self.spec.env), **self.env}, own)
         cwd = None
         if not self.spec.builtin:
             if self.workdir is None:
@@ -125,6 +136,7 @@ class Sweep:
             cwd=cwd,
             run_dir=self.run_dir(node, trial),
             path_env={"PYTHONPATH": layout.code} if self.spec.builtin else {},
+            env_file=env_file,
         )
 
     # -- the schedule --
@@ -160,6 +172,10 @@ class Sweep:
         except BaseException:
             self._stop_all(running)
             raise
+        finally:
+            written = [n for n, f in self._env_files.items() if f]
+            if written:
+                task_env.forget(self.transport, written, self.spec.sweep_id)
         self.ended = utc_now()
         self.write()
         return self.trials
@@ -441,31 +457,34 @@ def run_sweep(
             # Nodes just started (a VM booting, a container) answer SSH a
             # moment later: wait for that before the first command.
             cluster._wait_ssh(transport)
-            check_per_node(transport, nodes, per_node)
-            if transport.copies_files:
-                from infra.setup import sync_nodes
+            # The nodes are busy for autostop from before the sync to the
+            # last fetch: one that waits for the next trial or fetch is not idle.
+            with cluster.keep_busy(transport, nodes, "sweep"):
+                check_per_node(transport, nodes, per_node)
+                if transport.copies_files:
+                    from infra.setup import sync_nodes
 
-                report = sync_nodes(
-                    transport, cluster.config, workdir=None if spec.builtin else workdir
+                    report = sync_nodes(
+                        transport, cluster.config, workdir=None if spec.builtin else workdir
+                    )
+                    for line in report.lines():
+                        log.info("sync %s", line)
+                sweep = Sweep(
+                    transport,
+                    nodes,
+                    spec,
+                    per_node=per_node,
+                    dest=dest,
+                    env=cluster.provider.task_env(),
+                    workdir=workdir,
+                    on_change=on_change,
+                    bucket=str(url) if (url := cluster.bucket_url(spec.sweep_id)) else None,
+                    on_started=lambda node, t: _upload_trial(cluster, transport, sweep, node, t),
                 )
-                for line in report.lines():
-                    log.info("sync %s", line)
-            sweep = Sweep(
-                transport,
-                nodes,
-                spec,
-                per_node=per_node,
-                dest=dest,
-                env=cluster.provider.task_env(),
-                workdir=workdir,
-                on_change=on_change,
-                bucket=str(url) if (url := cluster.bucket_url(spec.sweep_id)) else None,
-                on_started=lambda node, t: _upload_trial(cluster, transport, sweep, node, t),
-            )
-            on_ready(sweep)
-            try:
-                sweep.run()
-            finally:
-                if url is not None:  # the trials' last uploads, bounded
-                    cluster.uploads(transport, nodes, JOB_END_WAIT_S)
-            return sweep
+                on_ready(sweep)
+                try:
+                    sweep.run()
+                finally:
+                    if url is not None:  # the trials' last uploads, bounded
+                        cluster.uploads(transport, nodes, JOB_END_WAIT_S)
+                return sweep

@@ -11,6 +11,12 @@ on the node's network can reach it. Where the node is this machine (local
 processes), it listens on the port wanted here instead. This machine reaches it through the
 transport's ``forward`` (SSH: a local port tunnelled to the node; local
 processes: the port itself). Closing stops the task.
+
+Autostop counts a running TensorBoard as busy (its pid file). So that one
+left behind (a dropped connection, a closed laptop) cannot keep a node up
+for ever, it runs on a lease (infra/watchdog.py): each look of the
+command's at it (``alive``, every 2 s while it serves) renews the lease,
+and ``LEASE_S`` without one ends it.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ from dataclasses import dataclass, replace
 from infra import commands, facts
 from infra.errors import RemoteError
 from infra.transport import NodeLayout, Transport
+from infra.watchdog import Watch, renew_lease
 
 TASK = "tensorboard"
 # TensorBoard imports TensorFlow when it is installed: tens of seconds on a
 # small, busy machine before it listens.
 START_TIMEOUT_S = 180.0
+# TensorBoard ends this long after the command that serves it last looked.
+LEASE_S = 90
 _NOT_INSTALLED = "No module named tensorboard"
 
 
@@ -54,6 +63,7 @@ class TensorBoardTask:
         self.node = node
         self.logdir = logdir
         self.layout = board_layout(transport.layout(node))
+        self.lease = f"{self.layout.logs}/{TASK}.lease"
 
     def start(self, timeout: float = START_TIMEOUT_S, port: int = 0) -> int:
         """Start TensorBoard on ``port`` (0: one it picks; one left from an
@@ -66,8 +76,9 @@ class TensorBoardTask:
             "--host", "127.0.0.1",
             "--port", str(int(port)),
         ]  # fmt: skip
+        watch = Watch.lease(self.lease, LEASE_S)
         result = self.transport.run(
-            self.node, commands.start_task(self.layout, TASK, argv, env={})
+            self.node, commands.start_task(self.layout, TASK, argv, env={}, watch=watch)
         )
         if not result.ok:
             raise RemoteError(f"{self.node}: could not start TensorBoard: {result.tail()}")
@@ -98,7 +109,11 @@ class TensorBoardTask:
         ).stdout
 
     def alive(self) -> bool:
-        result = self.transport.run(self.node, commands.task_status(self.layout, [TASK]))
+        """Whether TensorBoard runs; renews its lease."""
+        renew = renew_lease(commands.path(self.lease))
+        result = self.transport.run(
+            self.node, commands.task_status(self.layout, [TASK]) + "\n" + renew
+        )
         status = facts.parse_task_status(result.stdout).get(TASK)
         return status is not None and status.alive
 

@@ -224,6 +224,24 @@ class Transport(ABC):
         """Write a local file (or bytes) to ``remote_path`` on ``node``."""
         raise RemoteError(f"{node}: {type(self).__name__} nodes share this machine's files")
 
+    def write_private(self, node: str, remote_path: str, data: bytes) -> None:
+        """Write ``data`` to ``remote_path`` (a layout path) on ``node`` so
+        that only the login can read it: 0600 in a 0700 folder, under a
+        temporary name renamed into place. Here: a node that is a folder of
+        this machine (``local_folder``); SSH nodes write it with SFTP."""
+        folder = self.local_folder(node)
+        if folder is None:
+            raise RemoteError(f"{node}: {type(self).__name__} cannot write files")
+        from infra.keys import write_private_file
+
+        target = Path(remote_path)
+        try:
+            write_private_file(target if target.is_absolute() else folder / target, data)
+        except OSError as exc:
+            raise RemoteError(
+                f"{node}: cannot write {remote_path}: {exc.strerror or exc}"
+            ) from None
+
     @staticmethod
     def has_local_rsync() -> bool:
         """rsync on this machine."""

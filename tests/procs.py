@@ -1,12 +1,14 @@
 """The processes of a test's job, found by their working folder: a job's
 tasks run in the user's folder (or below it), whichever node started them,
-so /proc tells what is still running after a test without asking tfcluster."""
+so /proc tells what is still running after a test without asking tfcluster.
+And ``CmdlineWatch``: what any process's command line showed meanwhile."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -47,3 +49,36 @@ def none_left_in(folder: Path, grace_s: float = 15.0) -> None:
         with contextlib.suppress(ProcessLookupError):  # it ended just now
             os.kill(pid, signal.SIGKILL)
     assert not left, f"processes of the job still running in {folder}: {left}"
+
+
+class CmdlineWatch:
+    """Reads every process's command line, over and over, on a thread,
+    while the ``with`` lasts; ``seen`` holds those that contained a word."""
+
+    def __init__(self, *words: str) -> None:
+        self.words = [w.encode() for w in words]
+        self.seen: list[str] = []
+        self.passes = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    argv = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if any(w in argv for w in self.words):
+                    self.seen.append(argv.replace(b"\0", b" ").decode(errors="replace")[:200])
+            self.passes += 1
+
+    def __enter__(self) -> CmdlineWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()

@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import commands, facts
+from infra import autostop, autostop_commands, commands, facts
 from infra.autostop import (
     ClusterIdle,
     DurationError,
@@ -27,7 +27,10 @@ from infra.autostop import (
     parse_duration,
     summarize,
 )
+from infra.autostop_commands import BUSY_LEASE_S
 from infra.config import ClusterConfig
+from infra.providers.local import LocalTransport
+from infra.tensorboard import board_layout
 from infra.transport import NodeLayout
 from tests.fake_gce import FakeGce
 
@@ -164,7 +167,7 @@ def test_the_cluster_is_as_idle_as_its_least_idle_node() -> None:
     assert summarize({"pc-1": never, "pc-2": never}) is None  # never used: no line
     both = summarize({"pc-1": idle, "pc-2": busy})
     assert both == ClusterIdle(after_s=1800, idle_s=0, busy=True, installed=True)
-    assert "a job is running" in both.text()
+    assert "busy: a job" in both.text()
     alone = summarize({"pc-1": idle})
     assert alone is not None
     assert alone.text() == "autostop: 30m; idle 1m41s, stops in about 28m19s"
@@ -228,7 +231,7 @@ def test_watcher_keeps_a_busy_node_and_powers_an_idle_one_off(
 ) -> None:
     poweroff = tmp_path / "poweroff"
     report = facts.parse_autostop(
-        node(commands.autostop_apply(LAYOUT, 30, keep=False, check_every=1))
+        node(autostop_commands.autostop_apply(LAYOUT, 30, keep=False, check_every=1))
     )
     assert report == facts.AutostopFacts(30, 0, False, True, True)
     # A job task runs; its idle past (an hour) does not count while it does.
@@ -236,7 +239,7 @@ def test_watcher_keeps_a_busy_node_and_powers_an_idle_one_off(
     node("touch -d '-1 hour' tfcluster/autostop/active")
     time.sleep(3)
     assert not poweroff.exists()
-    busy = facts.parse_autostop(node(commands.autostop_status(LAYOUT)))
+    busy = facts.parse_autostop(node(autostop_commands.autostop_status(LAYOUT)))
     assert busy is not None and busy.busy and busy.idle_s == 0
     # A pid file naming some other process (a shell's) is no task: not busy.
     node(commands.stop_tasks(LAYOUT, ["worker-0"], grace=2))
@@ -254,7 +257,7 @@ def test_watcher_keeps_the_node_while_exec_runs_and_off_means_never(
     node: Callable[[str], str], tmp_path: Path
 ) -> None:
     poweroff = tmp_path / "poweroff"
-    node(commands.autostop_apply(LAYOUT, 30, keep=False, check_every=1))
+    node(autostop_commands.autostop_apply(LAYOUT, 30, keep=False, check_every=1))
     proc = subprocess.Popen(
         ["bash", "-c", commands.in_workdir(LAYOUT, ".", ["sleep", "4"])],
         cwd=tmp_path / "home",
@@ -266,17 +269,98 @@ def test_watcher_keeps_the_node_while_exec_runs_and_off_means_never(
     assert not poweroff.exists()  # the exec kept it busy
     # `autostop off`, kept by a later `start` (keep=True): never powered off.
     off = facts.parse_autostop(
-        node(commands.autostop_apply(LAYOUT, None, keep=False, check_every=1))
+        node(autostop_commands.autostop_apply(LAYOUT, None, keep=False, check_every=1))
     )
     assert off is not None and off.after_s is None and off.configured
     kept = facts.parse_autostop(
-        node(commands.autostop_apply(LAYOUT, None, keep=True, check_every=1))
+        node(autostop_commands.autostop_apply(LAYOUT, None, keep=True, check_every=1))
     )
     assert kept is not None and kept.after_s is None and kept.watching
     node("touch -d '-1 hour' tfcluster/autostop/active")
     time.sleep(3)
     assert not poweroff.exists()
     assert not list((tmp_path / "home/tfcluster/logs").glob("exec-*.pid"))  # swept
+
+
+def report(node: Callable[[str], str]) -> facts.AutostopFacts:
+    found = facts.parse_autostop(node(autostop_commands.autostop_status(LAYOUT)))
+    assert found is not None
+    return found
+
+
+def test_busy_marks_keep_a_node_busy_until_cleared_or_stale(
+    node: Callable[[str], str], tmp_path: Path
+) -> None:
+    """What the operator's commands do over SSH (sync, install, fetch) is
+    busy while their mark is fresh; a cleared mark starts the idle clock,
+    and a stale one (its command died) counts no more and is removed."""
+    active = tmp_path / "home/tfcluster/autostop/active"
+    marks = tmp_path / "home/tfcluster/autostop/busy"
+    # Autostop never set here: a mark is nothing at all.
+    node(autostop_commands.busy_mark(LAYOUT, "sync-1"))
+    assert not (tmp_path / "home/tfcluster/autostop").exists()
+    node(autostop_commands.autostop_apply(LAYOUT, 30, keep=False, check_every=60))
+    node("touch -d '-1 hour' tfcluster/autostop/active")
+    node(autostop_commands.busy_mark(LAYOUT, "sync-1"))
+    assert report(node).busy and report(node).idle_s == 0
+    node("touch -d '-1 hour' tfcluster/autostop/active")
+    node(autostop_commands.busy_clear(LAYOUT, "sync-1"))
+    after = report(node)
+    assert not after.busy and after.idle_s < 30  # idle from the clear on
+    assert active.stat().st_mtime > time.time() - 60
+    # A mark whose command stopped renewing it long ago.
+    (marks / "fetch-2").write_text(f"{int(time.time()) - BUSY_LEASE_S - 5}\n")
+    assert not report(node).busy
+    assert not (marks / "fetch-2").exists()
+
+
+def test_tensorboard_and_a_task_ending_are_seen(node: Callable[[str], str], tmp_path: Path) -> None:
+    """A running TensorBoard keeps the node busy; and the idle clock starts
+    when the last task ends, not at the watcher's next look."""
+    node(autostop_commands.autostop_apply(LAYOUT, 30, keep=False, check_every=60))
+    board = board_layout(LAYOUT)
+    node(commands.start_task(board, "tensorboard", ["sleep", "60"], {}))
+    node("touch -d '-1 hour' tfcluster/autostop/active")
+    assert report(node).busy
+    node(commands.stop_tasks(board, ["tensorboard"], grace=2))
+    assert not report(node).busy and report(node).idle_s < 30
+    node("touch -d '-1 hour' tfcluster/autostop/active")
+    node(commands.start_task(LAYOUT, "worker-0", ["sleep", "1"], {}))
+    assert wait_until(lambda: not report(node).busy, 30)
+    assert report(node).idle_s < 30
+
+
+def test_a_busy_hold_renews_its_mark_and_clears_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``autostop.busy`` (what launch, exec, sweep, setup and fetch hold)
+    through a real transport: busy on enter, its mark renewed while held,
+    gone at the end with the idle clock started."""
+    homes = tmp_path / "nodes"
+    (homes / "pc-1").mkdir(parents=True)
+    transport = LocalTransport(["pc-1"], homes)
+    layout = transport.layout("pc-1")
+    # Autostop set on the node (no watcher started: nothing may power off).
+    folder = homes / "pc-1" / layout.root / "autostop"
+    folder.mkdir(parents=True)
+    (folder / "after").write_text("30\n")
+    monkeypatch.setattr(autostop, "BUSY_RENEW_S", 0.3)
+
+    def busy_now() -> bool:
+        found = facts.parse_autostop(
+            transport.run("pc-1", autostop_commands.autostop_status(layout)).stdout
+        )
+        assert found is not None
+        return found.busy
+
+    with autostop.busy(transport, ["pc-1"], "sync"):
+        assert busy_now()
+        (mark,) = list((folder / "busy").iterdir())
+        assert mark.name.startswith("sync-")
+        os.utime(mark, (1, 1))
+        assert wait_until(lambda: mark.exists() and mark.stat().st_mtime > 1, 10)
+    assert not busy_now() and not list((folder / "busy").iterdir())
+    assert (folder / "active").stat().st_mtime > time.time() - 60
 
 
 # -- the fake GCE's side: a guest that shuts itself down -------------------------------

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,14 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
+from infra import facts
+from infra.autostop_commands import autostop_status
 from infra.cluster import Cluster
 from infra.config import default_config
 from infra.errors import JobFailed, StateError
 from infra.progress import ProgressEvent
-from tests.procs import none_left_in, processes_in
+from infra.providers.local import LocalTransport
+from tests.procs import none_left_in, processes_in, runs
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "own-program"
@@ -324,6 +327,57 @@ def test_detached_job_refuses_a_second_one_and_cancel_stops_it(
     assert json.loads(state.read_text())["last_job"]["exit_code"] == 130
     code, out = deploy("cancel")
     assert code == 0 and "nothing to stop" in out
+
+
+def _wait(seconds: float, done: Callable[[], bool]) -> float | None:
+    """Seconds until ``done()``, polled; None if not within ``seconds``."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        if done():
+            return time.monotonic() - began
+        time.sleep(0.1)
+    return None
+
+
+def _nodes_idle(tfcluster_home: Path) -> dict[str, bool]:
+    """Each node's own idle check (autostop's, as a GCE node's watcher runs it)."""
+    homes = tfcluster_home / "clusters" / "local" / "nodes"
+    transport = LocalTransport(["pc-1", "pc-2", "pc-3"], homes)
+    idle = {}
+    for node in transport.nodes:
+        report = transport.run(node, autostop_status(transport.layout(node))).stdout
+        found = facts.parse_autostop(report)
+        assert found is not None, report
+        idle[node] = not found.busy
+    return idle
+
+
+@pytest.mark.parametrize("ending", ["exits", "is killed"])
+def test_a_detached_jobs_tasks_end_with_its_chief(
+    workdir: Path, tfcluster_home: Path, ending: str
+) -> None:
+    """`run --detach`, nobody attached: when the chief exits (or is killed
+    with SIGKILL), the ps and workers, which would serve for ever, end
+    within 10 s on every node by themselves, and every node's idle check
+    says idle (autostop would stop it)."""
+    sleep = "2" if ending == "exits" else "600"
+    code, out = deploy(
+        "run", "--detach", "--workdir", str(workdir), "--env", f"CHIEF_SLEEP={sleep}",
+        "--", "python", "stand_in.py",
+    )  # fmt: skip
+    assert code == 0 and "started" in out, out
+    logs = tfcluster_home / "clusters" / "local" / "nodes" / "pc-1" / "tfcluster" / "logs"
+    chief = int((logs / "chief-0.pid").read_text().split()[0])
+    assert _wait(60, lambda: len(processes_in(workdir)) >= 4), processes_in(workdir)
+    assert not any(_nodes_idle(tfcluster_home).values())
+    if ending == "is killed":
+        os.killpg(chief, signal.SIGKILL)
+    assert _wait(60, lambda: not runs(chief)) is not None
+    took = _wait(10, lambda: not processes_in(workdir))
+    assert took is not None, f"still running 10 s after the chief ended: {processes_in(workdir)}"
+    assert _nodes_idle(tfcluster_home) == {"pc-1": True, "pc-2": True, "pc-3": True}
+    log = (logs.parents[2] / "pc-2" / "tfcluster" / "logs" / "worker-0.log").read_text()
+    assert "tfcluster: the chief ended; stopping worker-0" in log
 
 
 def test_ctrl_c_stops_every_task(workdir: Path, tfcluster_home: Path) -> None:

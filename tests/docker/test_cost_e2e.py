@@ -17,7 +17,10 @@ itself meanwhile), so each also runs alone.
   from its own checkpoint (TFCLUSTER_RESUME=1), with the code it started
   with (the program is edited here before the preemption), and pauses long
   enough to outlive the autostop on any machine: no node stops itself
-  during it, and all do after.
+  during it, and all do after;
+* a `train --detach` nobody comes back to: once its chief ends, its ps and
+  workers end by themselves and every node stops itself (the bill autostop
+  exists to prevent).
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ def test_a_preempted_chief_node_is_brought_back_and_train_finishes(
     # busy node outlives its autostop is test_autostop's, with the real
     # watcher; here the job's length depends on the machine's speed.)
     running = w.deploy_ok("status", timeout=120)
-    assert "a job is running (not idle)" in running, running
+    assert "busy: a job, TensorBoard or a sync runs (not idle)" in running, running
     # Asked before the preemption is waited for: `status` takes seconds.
     wait_training(w, proc, CHECKPOINT_EVERY - 1, event="checkpoint")
     reached = max(w.chief_step("progress"), w.chief_step("checkpoint"))
@@ -224,4 +227,28 @@ def test_a_preempted_user_program_resumes_from_its_own_checkpoint(
     assert len(guest_stops(w)) == stops, guest_stops(w)
     # ... and once it ended, they all do.
     wait_all_stopped(w, ended, within=JOB_AUTOSTOP_S + 90)
+    assert sorted(guest_stops(w)[stops:]) == NODES
+
+
+def test_a_forgotten_detached_job_lets_every_node_stop(spot: World) -> None:
+    """`train --detach`, and nobody attaches again. When the chief ends,
+    its ps (by the chief's pid file) and its workers on the other VMs (by
+    the chief's port, which stops answering) end by themselves, and every
+    node then stops itself. Before, they served in `server.join()` for
+    ever, their pid files kept the nodes busy, and nothing stopped them."""
+    w = spot
+    up(w, "--autostop", f"{AUTOSTOP_S}s")
+    stops = len(guest_stops(w))
+    out = w.deploy_ok("train", "--detach", "--steps", str(STEPS // 2))
+    assert "started" in out, out
+
+    def chief_ended() -> bool:
+        return subprocess.run(
+            ["docker", "exec", "-u", "tfcluster", w.backend.container("pc-1"),
+             "test", "-e", "/home/tfcluster/tfcluster/logs/chief-0.exit"],
+            capture_output=True, timeout=30,
+        ).returncode == 0  # fmt: skip
+
+    wait_for(chief_ended, 600, "the detached job's chief to end")
+    wait_all_stopped(w, time.monotonic(), within=AUTOSTOP_S + 90)
     assert sorted(guest_stops(w)[stops:]) == NODES

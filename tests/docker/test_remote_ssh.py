@@ -198,3 +198,25 @@ def test_lost_connection_is_a_remote_error(
         with pytest.raises(RemoteError):
             transport.stream("pc-1", "while true; do echo tick; sleep 0.2; done", lambda _: None)
         killer.join()
+
+
+def test_write_private_is_the_logins_alone_and_whole(
+    tmp_path: Path, bare_image: str, start_node: StartNode, node_key: tuple[Path, str]
+) -> None:
+    """The file of a job's environment values (infra/task_env.py) over SFTP:
+    0600 in a 0700 folder (one that was there, open to all, is closed),
+    renamed into place (no temporary file left), written again whole."""
+    key = node_key[0]
+    node = start_node(bare_image)
+    config = _one_node(tmp_path, key, node.port)
+    with transport_for(config, key, [node.target()], tmp_path / "home") as transport:
+        transport.wait_ready(timeout=30)
+        transport.run("pc-1", "mkdir -p tfcluster/env && chmod 755 tfcluster/env")
+        transport.write_private("pc-1", "tfcluster/env/r1.env", b"A=1\0B=x y\n\0")
+        transport.write_private("pc-1", "tfcluster/env/r1.env", b"A=2\0")
+        listing = transport.run(
+            "pc-1", "stat -c '%a %n' tfcluster/env tfcluster/env/*; od -c tfcluster/env/r1.env"
+        ).stdout
+    assert "700 tfcluster/env\n600 tfcluster/env/r1.env\n" in listing, listing
+    assert "A   =   2  \\0" in listing, listing
+    assert listing.count("tfcluster/env/") == 1, listing  # no temporary file left

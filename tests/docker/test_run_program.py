@@ -23,8 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from infra import facts
+from infra.autostop_commands import autostop_status
+from infra.transport import NodeLayout
 from tests.docker.conftest import REPO, ComposeCluster, config_file
+from tests.procs import CmdlineWatch
 
 pytestmark = pytest.mark.docker
 
@@ -34,19 +39,24 @@ TASK_PATTERN = "ps_program|collective_program|listen[.]py|sys[.]exit|no-such-com
 
 # A program for the sync and failure tests that needs no TensorFlow: the ps
 # and worker tasks listen on their TF port (what `run` waits for) until they
-# are stopped; the chief exits after $CHIEF_SLEEP seconds, with $CHIEF_EXIT.
+# are stopped; the chief exits after $CHIEF_SLEEP seconds, with $CHIEF_EXIT,
+# listening on its own port meanwhile with CHIEF_LISTENS=1 (as the TF server
+# of a chief under ParameterServerStrategy does).
 LISTEN = """\
 import json, os, socket, sys, time
 
 config = json.loads(os.environ["TF_CONFIG"])
 task = config["task"]
-if task["type"] == "chief":
-    print("chief ran in", os.getcwd(), flush=True)
-    time.sleep(float(os.environ.get("CHIEF_SLEEP", "0")))
-    sys.exit(int(os.environ.get("CHIEF_EXIT", "0")))
 port = int(config["cluster"][task["type"]][task["index"]].rsplit(":", 1)[1])
 server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+if task["type"] == "chief":
+    if os.environ.get("CHIEF_LISTENS"):
+        server.bind(("0.0.0.0", port))
+        server.listen()
+    print("chief ran in", os.getcwd(), os.environ.get("USER_TOKEN", ""), flush=True)
+    time.sleep(float(os.environ.get("CHIEF_SLEEP", "0")))
+    sys.exit(int(os.environ.get("CHIEF_EXIT", "0")))
 server.bind(("0.0.0.0", port))
 server.listen()
 time.sleep(600)
@@ -328,3 +338,74 @@ def test_ctrl_c_stops_every_task(deploy: Deploy, workdir: Path) -> None:
     out = "".join(seen) + rest
     assert proc.returncode == 130, out
     assert "every task of the job was stopped" in out, out
+
+
+def _on_node(containers: dict[str, str], node: str, script: str) -> str:
+    """Bash on ``node`` as the cluster's login, in its home (where the
+    commands of infra/ run)."""
+    done = subprocess.run(
+        ["docker", "exec", "-u", "tfcluster", "-w", "/home/tfcluster", containers[node],
+         "bash", "-c", script],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("ending", ["exits", "is killed"])
+def test_a_detached_jobs_tasks_end_with_its_chief(
+    deploy: Deploy, workdir: Path, containers: dict[str, str], ending: str
+) -> None:
+    """`run --detach`, nobody attached: when the chief exits (or is killed
+    with SIGKILL), the ps (on the chief's node: by the chief's pid file) and
+    the workers (on the other nodes: by the chief's port, which stops
+    answering) end by themselves within 10 s, and every node's idle check
+    says idle. When each watch fired is read on the node: the mtime of the
+    autostop idle clock it touches, against the chief's exit file."""
+    layout = NodeLayout("tfcluster", "tfcluster/code", "tfcluster/venv/bin/python",
+                        "tfcluster/runs", "tfcluster/logs")  # fmt: skip
+    for node in NODES:
+        _on_node(containers, node, "mkdir -p tfcluster/autostop && touch -d '-1 hour' "
+                 "tfcluster/autostop/active")  # fmt: skip
+    try:
+        sleep = "4" if ending == "exits" else "600"
+        argv = ["run", "--detach", "--env", f"CHIEF_SLEEP={sleep}", "--env", "CHIEF_LISTENS=1"]
+        _ok(deploy(*argv, "--workdir", str(workdir), "--", "python", "listen.py"))
+        if ending == "is killed":
+            time.sleep(3)  # the workers' watches have seen the chief's port answer
+            pid = _on_node(containers, "pc-1", "read -r p t < tfcluster/logs/chief-0.pid; echo $p")
+            chief_end = int(_on_node(containers, "pc-1", f"kill -KILL -- -{int(pid)}; date +%s"))
+        deadline = time.monotonic() + 60
+        while _left_tasks(containers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _left_tasks(containers)
+        if ending == "exits":
+            chief_end = int(_on_node(containers, "pc-1", "stat -c %Y tfcluster/logs/chief-0.exit"))
+        for node in NODES:
+            # Whole seconds on both sides: at most a second more than it took.
+            fired = int(_on_node(containers, node, "stat -c %Y tfcluster/autostop/active"))
+            assert 0 <= fired - chief_end <= 10, (node, fired, chief_end)
+            report = facts.parse_autostop(_on_node(containers, node, autostop_status(layout)))
+            assert report is not None and not report.busy, (node, report)
+        worker_log = _on_node(containers, "pc-2", "cat tfcluster/logs/worker-0.log")
+        assert "tfcluster: the chief at " in worker_log and "stopping worker-0" in worker_log
+    finally:
+        for node in NODES:
+            _on_node(containers, node, "rm -rf tfcluster/autostop")
+
+
+def test_env_values_stay_out_of_command_lines(
+    deploy: Deploy, workdir: Path, cluster_yaml: Path, tmp_path: Path
+) -> None:
+    """cluster.yaml's job.env on the compose cluster: while `run` starts
+    and runs the job, no process here has the value in its command line
+    (the nodes' processes are among them: containers share this kernel),
+    and the tasks see it."""
+    data = yaml.safe_load(cluster_yaml.read_text())
+    data.setdefault("job", {})["env"] = {"USER_TOKEN": "tok-58c0d 'q' $(id)"}
+    run = Deploy(config_file(tmp_path, data), deploy.home)
+    with CmdlineWatch("tok-58c0d") as watch:
+        out = _ok(run("run", "--env", "CHIEF_SLEEP=2", "--workdir", str(workdir),
+                      "--", "python", "listen.py"))  # fmt: skip
+    assert "chief ran in /home/tfcluster/tfcluster/work tok-58c0d 'q' $(id)" in out, out
+    assert watch.passes > 1 and watch.seen == [], watch.seen
