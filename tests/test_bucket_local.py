@@ -166,6 +166,50 @@ def test_fetch_refuses_objects_that_leave_the_run_folder(fake: FakeGcs, tmp_path
     assert not (tmp_path / "d").exists() and not (tmp_path / "evil").exists()
 
 
+def test_folder_markers_are_folders_not_names_that_leave_the_run(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    """A zero-byte object named like a folder ('eval/') is how the Cloud
+    console's "Create folder" and TensorFlow's ``tf.io.gfile.makedirs`` on
+    gs:// (README's example, in the run's own folder) make a folder: the
+    run is fetched whole, the markers written as nothing."""
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "team/bkt/r1/", b"")  # makedirs marks each level it makes
+    fake.put("tfc-runs", "team/bkt/r1/eval/", b"")
+    fake.put("tfc-runs", "team/bkt/r1/eval/result.txt", b"0.9")
+    fake.put("tfc-runs", "team/bkt/r1/summary.json", b"{}")
+    dest = tmp_path / "d"
+    code, out = run(write_config(tmp_path, fake), "fetch", "r1", "--dest", str(dest))
+    assert code == 0, out
+    assert (dest / "r1" / "eval" / "result.txt").read_bytes() == b"0.9"
+    assert sorted(p.name for p in (dest / "r1").iterdir()) == ["eval", "summary.json"]
+
+
+def test_a_data_folder_made_in_the_console_is_copied(fake: FakeGcs, tmp_path: Path) -> None:
+    from infra.storage import uploader
+
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "data/mnist/", b"")  # the console's "Create folder"
+    fake.put("tfc-runs", "data/mnist/train.gz", b"images")
+    cache = tmp_path / "cache"
+    code = uploader.main(["--endpoint", fake.endpoint, "--credentials", "anonymous", "data",
+                          "--url", "gs://tfc-runs/data/mnist", "--dest", str(cache)])  # fmt: skip
+    assert code == 0
+    assert (cache / "train.gz").read_bytes() == b"images"
+
+
+def test_a_marker_with_bytes_is_refused_as_any_name_that_is_not_a_file(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "team/bkt/r1/summary.json", b"{}")
+    fake.put("tfc-runs", "team/bkt/r1/eval/", b"not a marker")
+    code, out = run(write_config(tmp_path, fake), "fetch", "r1", "--dest", str(tmp_path / "d"))
+    assert code == 7, out
+    assert "leaves the run folder; nothing was fetched" in out
+    assert not (tmp_path / "d").exists()
+
+
 def test_each_sweep_trial_lands_in_the_bucket(fake: FakeGcs, tmp_path: Path) -> None:
     fake.create_bucket("tfc-runs")
     work = tmp_path / "project"

@@ -123,14 +123,25 @@ class Listed:
     updated: str | None
 
 
+def is_folder_marker(name: str, size: int | None) -> bool:
+    """Whether object ``name`` only marks a folder: empty, its name ending
+    in '/'. The Cloud console's "Create folder" makes one, and so does
+    TensorFlow's ``tf.io.gfile.makedirs`` on gs:// (for each level it
+    makes); they hold nothing, and name no file."""
+    return name.endswith("/") and not size
+
+
 def list_folder(
     client: Client, url: GsUrl, *, on_unsafe: Callable[[str], None] | None = None
 ) -> list[Listed]:
     """Every object under ``url`` (all pages), by its path there. An object
     whose name is not a plain path inside the folder (``../x``, ``a//b``)
-    is left out, and ``on_unsafe(name)`` told of it."""
+    is left out, and ``on_unsafe(name)`` told of it; a folder marker
+    (``is_folder_marker``) is left out silently."""
     out = []
     for blob in client.list_blobs(url.bucket, prefix=url.prefix, retry=_retry()):
+        if is_folder_marker(blob.name, blob.size):
+            continue  # a folder, which the files in it make here: nothing to write
         rel = relative_name(blob.name, url.prefix)
         if rel is None:
             if on_unsafe is not None:
