@@ -408,7 +408,8 @@ class ClusterBucket(ClusterBase):
 
         storage = self.storage or StorageConfig(bucket=f"gs://{url.bucket}")
         with errors(f"fetching {url}"):
-            return fetch_run(open_client(storage, self.config.base_dir), url, dest)
+            client = open_client(storage, self.config.base_dir)
+            return fetch_run(client, url, dest, self.config.fetch.limits())
 
 
 def _missing(states: Sequence[UploadState]) -> str:

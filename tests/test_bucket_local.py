@@ -166,6 +166,27 @@ def test_fetch_refuses_objects_that_leave_the_run_folder(fake: FakeGcs, tmp_path
     assert not (tmp_path / "d").exists() and not (tmp_path / "evil").exists()
 
 
+@pytest.mark.parametrize(
+    ("limits", "words"),
+    [({"max_entries": 2}, "past 2 files and folders (fetch.max_entries)"),
+     ({"max_gb": 1.6e-8}, "past 1.6e-08 GB (fetch.max_gb)")],
+)  # fmt: skip
+def test_a_run_from_the_bucket_is_held_to_the_fetch_limits(
+    fake: FakeGcs, tmp_path: Path, limits: dict[str, float], words: str
+) -> None:
+    """The nodes wrote what is in the bucket: a run folder past fetch.max_gb
+    or fetch.max_entries is refused there as it is on the nodes (the fetch
+    from the nodes falls back to the bucket), before anything is written."""
+    fake.create_bucket("tfc-runs")
+    for name in ("a", "b", "c"):
+        fake.put("tfc-runs", f"team/bkt/r1/{name}", b"x" * 6)
+    code, out = run(write_config(tmp_path, fake, fetch=limits), "fetch", "r1",
+                    "--dest", str(tmp_path / "d"))  # fmt: skip
+    assert code == 7, out
+    assert f"gs://tfc-runs/team/bkt/r1: 'c' takes the run folder {words}" in out
+    assert not (tmp_path / "d").exists()
+
+
 def test_folder_markers_are_folders_not_names_that_leave_the_run(
     fake: FakeGcs, tmp_path: Path
 ) -> None:
