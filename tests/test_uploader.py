@@ -61,12 +61,18 @@ def bash(home: Path, script: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start(home: Path, fake: FakeGcs, interval: float = 0.5) -> None:
-    # The watched task: a chief that runs until its file says stop.
+def start_chief(home: Path, run_id: str = "r1", stop: str = "stop") -> None:
+    """The watched task, as a job starts it: a chief of run ``run_id``
+    that runs until the file ``stop`` is there."""
     chief = commands.start_task(
-        LAYOUT, "chief-0", ["bash", "-c", "while [ ! -e stop ]; do sleep 0.1; done; exit 0"], {}
-    )
+        LAYOUT, "chief-0", ["bash", "-c", f"while [ ! -e {stop} ]; do sleep 0.1; done; exit 0"],
+        {"TFCLUSTER_RUN_ID": run_id},
+    )  # fmt: skip
     assert bash(home, chief).returncode == 0
+
+
+def start(home: Path, fake: FakeGcs, interval: float = 0.5) -> None:
+    start_chief(home)
     script = upload_commands.start_uploader(
         LAYOUT, run_id="r1", run_dir="tfcluster/runs/r1", watch_task="chief-0", url=URL,
         endpoint=fake.endpoint, credentials="anonymous",
@@ -147,6 +153,37 @@ def test_a_file_that_keeps_failing_is_one_warning_and_the_rest_lands(
     assert fake.names("tfc-runs", "team/c1/r1/b.txt") == ["team/c1/r1/b.txt"]
     log = (node / "tfcluster" / "logs" / "upload-r1.log").read_text()
     assert log.count("warning: could not upload a.txt") == 1
+
+
+def test_the_next_jobs_chief_of_the_same_name_is_not_the_one_it_outlives(
+    fake: FakeGcs, node: Path
+) -> None:
+    """The uploader watches the chief by its pid file, which the next job's
+    chief (of the same name, chief-0) takes over. Busy with a checkpoint
+    when its chief ends (here: the bucket answers 503 for a few seconds),
+    and the next job started meanwhile (`cancel`, then `run` at once), it
+    must still see its own chief gone and finish: not mirror on, its
+    summary out of the bucket and its record "running", until the other
+    job ends."""
+    run = node / "tfcluster" / "runs" / "r1"
+    (run / "checkpoints").mkdir()
+    start(node, fake)
+    name = "team/c1/r1/checkpoints/ckpt-1.index"
+    fake.fail(503, name=name, times=4)  # the client's backoff: about 15 s
+    (run / "checkpoints" / "ckpt-1.index").write_bytes(b"i")
+    wait_for(lambda: any(c.status == 503 for c in fake.calls))
+    (node / "stop").write_text("")
+    wait_for(lambda: (node / "tfcluster" / "logs" / "chief-0.exit").exists())
+    (run / "summary.json").write_text("{}")
+    start_chief(node, run_id="r2", stop="stop-r2")  # the next job's chief
+    try:
+        [state] = states(node, wait_s=45)
+        assert not state.alive and state.done, state
+        assert "team/c1/r1/summary.json" in fake.names("tfc-runs")
+        record = json.loads(fake.read("tfc-runs", "team/c1/r1/tfcluster-run.json"))
+        assert record["status"] != "running"
+    finally:
+        (node / "stop-r2").write_text("")
 
 
 def test_the_parser_skips_what_is_not_a_state(fake: FakeGcs) -> None:

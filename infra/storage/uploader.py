@@ -11,7 +11,8 @@ tick), outside the TensorFlow tasks' process groups and namespaces, and:
   the ``checkpoint`` index after the files it names: a checkpoint is in
   the bucket within 30 s of being written;
 * once the task it watches has ended (its pid file no longer names a
-  live process started at that tick and carrying its TFCLUSTER_TASK),
+  live process started at that tick and carrying its TFCLUSTER_TASK and
+  the TFCLUSTER_RUN_ID it had at the uploader's start),
   uploads everything else, deletes what it uploaded and the run deleted
   since (old checkpoints), writes ``tfcluster-run.json`` (what ran, how it
   ended) and exits: nothing of it is left running, nothing idles on a
@@ -59,21 +60,36 @@ CHECKPOINTS = "checkpoints"
 INDEX = "checkpoint"
 
 
-def task_alive(pid_file: Path) -> bool:
-    """Whether the task of ``pid_file`` ("PID TICK", as infra/commands.py
-    writes it) still runs: that pid, started at that tick (field 22 of
-    /proc/PID/stat), not a zombie, with TFCLUSTER_TASK=<its name>."""
+def _task_environ(pid_file: Path) -> list[bytes] | None:
+    """The environment of the task of ``pid_file`` ("PID TICK", as
+    infra/commands.py writes it) while it runs: that pid, started at that
+    tick (field 22 of /proc/PID/stat), not a zombie, with
+    TFCLUSTER_TASK=<its name>; None once it does not."""
     name = pid_file.name.removesuffix(".pid")
     try:
         pid, tick = pid_file.read_text().split()[:2]
         stat = Path(f"/proc/{int(pid)}/stat").read_text()
         environ = Path(f"/proc/{int(pid)}/environ").read_bytes().split(b"\0")
     except (OSError, ValueError):
-        return False
+        return None
     fields = stat.rsplit(")", 1)[-1].split()
     if len(fields) < 20 or fields[19] != tick or fields[0] == "Z":
-        return False
-    return f"TFCLUSTER_TASK={name}".encode() in environ
+        return None
+    return environ if f"TFCLUSTER_TASK={name}".encode() in environ else None
+
+
+def task_run(pid_file: Path) -> bytes | None:
+    """The ``TFCLUSTER_RUN_ID=...`` of the task of ``pid_file`` if it runs."""
+    environ = _task_environ(pid_file) or []
+    return next((e for e in environ if e.startswith(b"TFCLUSTER_RUN_ID=")), None)
+
+
+def task_alive(pid_file: Path, run: bytes | None = None) -> bool:
+    """Whether the task of ``pid_file`` still runs (and, given ``run``,
+    is still of that run: the next job's chief has the same name, and
+    takes its pid file over)."""
+    environ = _task_environ(pid_file)
+    return environ is not None and (run is None or run in environ)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -211,12 +227,15 @@ def run_upload(args: argparse.Namespace) -> int:
         stopping = True  # the final pass, then out
 
     signal.signal(signal.SIGTERM, on_term)
+    # The watched task is its run's: a relaunch of that run (a recovery)
+    # is still watched, another job's task of the same name is not.
+    run = task_run(watch)
     write_json(status_file, mirror.status(done=False))
     put_record(bucket, url, {**record, "status": "running"}, warn)
-    while not stopping and task_alive(watch):
+    while not stopping and task_alive(watch, run):
         mirror.pass_(final=False)
         write_json(status_file, mirror.status(done=False))
-        _sleep_while(lambda: not stopping and task_alive(watch), args.interval)
+        _sleep_while(lambda: not stopping and task_alive(watch, run), args.interval)
     code = _exit_code(exit_file)
     signal.signal(signal.SIGALRM, _give_up)
     signal.alarm(int(FINAL_DEADLINE_S))  # the last pass is bounded, retries and all
