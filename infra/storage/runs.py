@@ -122,5 +122,3 @@ def fetch_run(client: Client, url: GsUrl, dest: Path, limits: FetchLimits | None
     dest.mkdir(parents=True, exist_ok=True)
     transfer.download_folder(client, url, dest)
     return len(objects)
-
-
