@@ -10,8 +10,11 @@ others go on; its state is what `down`, `stop` and the job's end read."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,3 +227,59 @@ def test_a_checkpoint_index_waits_for_the_files_it_names(tmp_path: Path) -> None
     assert sent == ["checkpoints/ckpt-20.data-00000-of-00001", "checkpoints/checkpoint"]
     mirror.pass_(final=True)
     assert sent[-1] == "metrics.jsonl"
+
+
+def test_a_folder_the_run_removes_while_it_is_looked_at_is_no_crash(tmp_path: Path) -> None:
+    """Each TensorFlow checkpoint save makes a ``ckpt-N_temp`` folder and
+    removes it once merged (and the run removes old checkpoints): the
+    uploader's look at the run folder meets entries that vanish under it.
+    A walk that raised on one (pathlib's rglob does) ended the uploader
+    with a traceback: no last pass, the summary never in the bucket, the
+    record "running" for ever, and `down` not waiting for a dead uploader."""
+    from infra.storage.uploader import Mirror
+    from infra.storage.urls import GsUrl
+
+    for _ in range(5):  # each round all but certain to meet one without the fix
+        run = Path(tempfile.mkdtemp(dir=tmp_path)) / "run"
+        folders = [run / "checkpoints" / f"ckpt-{i}_temp" for i in range(300)]
+        for folder in folders:
+            folder.mkdir(parents=True)
+            (folder / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
+        (run / "summary.json").write_text("{}")
+        mirror = Mirror(run, GsUrl("b", "r"), lambda p, f: 0, lambda p: None, lambda line: None)
+        saver = threading.Thread(
+            target=lambda gone: [shutil.rmtree(f) for f in gone], args=(folders,)
+        )
+        saver.start()
+        while saver.is_alive():
+            assert "summary.json" in mirror.files()
+        saver.join()
+
+
+def test_a_file_the_run_removed_before_its_upload_is_not_a_failure(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    """An old checkpoint the run removes while its upload waits (a slow
+    bucket, frequent checkpoints) is gone, not "not in the bucket"."""
+    from infra.storage import transfer
+    from infra.storage.uploader import Mirror
+    from infra.storage.urls import GsUrl
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    old = run / "checkpoints" / "ckpt-1.index"
+    old.write_bytes(b"i")
+    (run / "summary.json").write_text("{}")
+    bucket = transfer.make_client(fake.endpoint, "anonymous").bucket("tfc-runs")
+    warnings: list[str] = []
+
+    def upload(path: str, local: Path) -> int:
+        if local == old:
+            old.unlink()  # the run lets it go just now
+        return transfer.upload_file(bucket, f"r/{path}", local, sleep=lambda s: None)
+
+    mirror = Mirror(run, GsUrl("tfc-runs", "r"), upload, lambda p: None, warnings.append)
+    mirror.pass_(final=True)
+    assert warnings == [] and mirror.failed == {}
+    assert mirror.status(done=True)["pending_count"] == 0
+    assert fake.names("tfc-runs") == ["r/summary.json"]

@@ -5,7 +5,7 @@ the transient answers: 429, 5xx, a dropped connection), listing a folder,
 downloading a folder with every object name checked before anything is
 written.
 
-Used on both sides: by the node's uploader (infra/storage/sync.py) and by
+Used on both sides: by the node's uploader (infra/storage/uploader.py) and by
 this machine's ``fetch``, ``runs``, ``report`` (infra/storage/runs.py).
 Standard library, google-cloud-storage and ``urls`` only: the nodes run it.
 """
@@ -106,6 +106,8 @@ def upload_file(
                 str(path), retry=_retry(), timeout=REQUEST_TIMEOUT_S, checksum="auto"
             )
             return path.stat().st_size
+        except FileNotFoundError:
+            raise  # gone (the run removed it): trying again finds nothing
         except Exception:
             if attempt == attempts:
                 raise

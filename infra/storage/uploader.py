@@ -38,6 +38,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -68,11 +69,11 @@ def _task_environ(pid_file: Path) -> list[bytes] | None:
     name = pid_file.name.removesuffix(".pid")
     try:
         pid, tick = pid_file.read_text().split()[:2]
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
         environ = Path(f"/proc/{int(pid)}/environ").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
+    fields = stat_line.rsplit(")", 1)[-1].split()
     if len(fields) < 20 or fields[19] != tick or fields[0] == "Z":
         return None
     return environ if f"TFCLUSTER_TASK={name}".encode() in environ else None
@@ -117,13 +118,25 @@ class Mirror:
     bytes: int = 0
 
     def files(self) -> dict[str, tuple[int, int]]:
-        """Every regular file of the run folder (no symbolic link), by path."""
+        """Every regular file of the run folder (no symbolic link), by path.
+        The run changes the folder while this looks (each TensorFlow
+        checkpoint save makes and removes a ``ckpt-N_temp`` folder, old
+        checkpoints go): what vanished meanwhile is not there, never an
+        error (os.walk skips a folder it cannot list; pathlib's rglob
+        raised)."""
         out = {}
-        for path in sorted(self.run_dir.rglob("*")):
-            if path.is_symlink() or not path.is_file() or path.name.startswith(".tfc-"):
-                continue
-            st = path.stat()
-            out[path.relative_to(self.run_dir).as_posix()] = (st.st_size, st.st_mtime_ns)
+        for folder, subfolders, names in os.walk(self.run_dir):
+            subfolders.sort()
+            for name in sorted(names):
+                if name.startswith(".tfc-"):
+                    continue
+                path = Path(folder, name)
+                try:
+                    st = path.lstat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out[path.relative_to(self.run_dir).as_posix()] = (st.st_size, st.st_mtime_ns)
         return out
 
     def pass_(self, *, final: bool) -> None:
@@ -131,6 +144,8 @@ class Mirror:
         unless ``final``: then everything), and at the end delete what
         was uploaded and is gone here."""
         now = self.files()
+        for gone in set(self.failed) - set(now):  # the run let it go: nothing to upload
+            del self.failed[gone]
         todo = [
             p
             for p, sig in now.items()
@@ -165,6 +180,9 @@ class Mirror:
     def _one(self, path: str, sig: tuple[int, int]) -> None:
         try:
             self.bytes += self.upload(path, self.run_dir / path)
+        except FileNotFoundError:
+            self.failed.pop(path, None)  # the run removed it meanwhile (an old checkpoint)
+            return
         except Exception as exc:
             self.failed[path] = _short(exc)
             if path not in self.warned:  # once per file, however often it fails
