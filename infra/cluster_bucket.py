@@ -383,6 +383,15 @@ class ClusterBucket(ClusterBase):
             raise AssertionError("unreachable")
         return url
 
+    def names_bucket_run(self, run: str) -> bool:
+        """Whether ``run`` (``report``'s argument) names a run in the bucket
+        rather than a folder here: a gs:// URL, or, with ``storage``, a run
+        id that is no folder here. A path that is no folder (a typo) is
+        not: it is said to be missing, not "not a run id"."""
+        if run.startswith("gs://"):
+            return True
+        return self.storage is not None and not Path(run).exists() and run_id_problem(run) is None
+
     def bucket_copy(self, run: str) -> Path:
         """A run in the bucket (a run id or gs://...) as a folder here, for
         ``report`` and ``tensorboard``: fetched afresh into this cluster's

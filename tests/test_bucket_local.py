@@ -269,6 +269,10 @@ def test_report_and_tensorboard_of_a_run_in_the_bucket(fake: FakeGcs, tmp_path: 
     assert (row["run"], row["metric"], row["value"]) == ("r1", "test_accuracy", 0.5)
     code, out = run(config, "report", "r1", "--json")  # a run id, no such folder here
     assert code == 0, out
+    # A folder here with a typo in it is said to be missing, as without a bucket.
+    code, out = run(config, "report", "runs/bkt/r1-typo")
+    assert code == 2, out
+    assert "runs/bkt/r1-typo: no such run folder" in out and "not a run id" not in out
 
     import urllib.request
 
