@@ -336,6 +336,25 @@ def test_down_stops_a_running_job_and_waits_for_its_upload(
     none_left_in(work)
 
 
+def test_a_nodes_hostile_upload_state_cannot_keep_down_from_deleting(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    """An uploader's state file is the node's text: a count past what a
+    float or an int holds (JSON's 1e999 is infinity) made `down` exit 70
+    with a traceback, every node left running (and billed)."""
+    fake.create_bucket("tfc-runs")
+    config = write_config(tmp_path, fake)
+    code, out = run(config, "up")
+    assert code == 0, out
+    logs = Path(os.environ["TFCLUSTER_HOME"]).rglob("nodes/pc-1")
+    folder = next(logs) / "tfcluster" / "logs"
+    folder.mkdir(parents=True)
+    (folder / "upload-evil.json").write_text('{"uploaded": 1e999}')
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    assert "deleted bkt" in out
+
+
 def test_without_a_bucket_runs_says_so(tmp_path: Path) -> None:
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump({"name": "plain", "provider": "local"}))

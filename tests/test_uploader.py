@@ -201,6 +201,24 @@ def test_the_parser_skips_what_is_not_a_state(fake: FakeGcs) -> None:
     assert starting.alive and starting.url == "" and not starting.done
 
 
+@pytest.mark.parametrize(
+    "field",
+    ['"uploaded": 1e999', '"bytes": -1e999', '"bytes": 1' + "0" * 400, '"pending_count": -1',
+     '"uploaded": true', '"bytes": 2.5', '"uploaded": "12"'],
+)  # fmt: skip
+def test_a_state_whose_counts_are_not_counts_is_skipped(field: str) -> None:
+    """A node's state file is its text: a count that is not one (infinity
+    made int() raise OverflowError, a 400-digit one made the job's last
+    line's MB raise it) is no state, never a traceback."""
+    from infra.cluster_bucket import BucketOutcome
+
+    line = f'@tfcluster-upload upload-r1 1 {{"url": "gs://b/r1", {field}}}'
+    assert upload_commands.parse_uploads(line) == []
+    [state] = upload_commands.parse_uploads('@tfcluster-upload upload-r1 0 {"bytes": 10000000}')
+    outcome = BucketOutcome(state.url, state.uploaded, state.bytes, (), {}, True)
+    assert "(0 files, 10.0 MB)" in outcome.text()
+
+
 def test_a_checkpoint_index_waits_for_the_files_it_names(tmp_path: Path) -> None:
     from infra.storage.uploader import Mirror
     from infra.storage.urls import GsUrl

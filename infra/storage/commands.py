@@ -156,9 +156,24 @@ class UploadState:
     done: bool
 
 
+# A count of files or bytes, as the uploader writes it; anything else (a
+# node's text: JSON's 1e999 is infinity, a 400-digit number no float) is
+# no state.
+MAX_COUNT = 10**15
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError("not a count")
+    return value
+
+
 def parse_uploads(stdout: str) -> list[UploadState]:
     """The ``@tfcluster-upload`` lines of ``uploads``; a line that does
-    not parse (a torn state file, text from elsewhere) is skipped."""
+    not parse (a torn state file, text from elsewhere, a count that is
+    not one) is skipped."""
     out = []
     for line in stdout.splitlines():
         words = line.split(" ", 3)
@@ -172,14 +187,14 @@ def parse_uploads(stdout: str) -> list[UploadState]:
                     run_id=words[1][len(PREFIX) :],
                     alive=words[2] == "1",
                     url=str(data.get("url") or ""),
-                    uploaded=int(data.get("uploaded") or 0),
-                    bytes=int(data.get("bytes") or 0),
+                    uploaded=_count(data.get("uploaded")),
+                    bytes=_count(data.get("bytes")),
                     pending=tuple(str(p) for p in data.get("pending") or ()),
-                    pending_count=int(data.get("pending_count") or 0),
+                    pending_count=_count(data.get("pending_count")),
                     failed={str(k): str(v) for k, v in failed.items()},
                     done=bool(data.get("done")),
                 )
             )
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             continue
     return out
