@@ -48,6 +48,8 @@ log = logging.getLogger("tfcluster")
 # Seconds a job's end waits for its uploader's last pass (the summary says
 # what is in the bucket), and `down`/`stop` for every pending upload.
 JOB_END_WAIT_S = 300.0
+# Seconds the job's end waits for its uploader before it says that it waits.
+JOB_END_QUICK_S = 3.0
 DRAIN_WAIT_S = 600.0
 # Where a key file of storage.credentials goes on a node that copies files.
 NODE_KEY = "storage-key.json"
@@ -200,14 +202,40 @@ class ClusterBucket(ClusterBase):
             states += upload_commands.parse_uploads(result.stdout)
         return states
 
-    def upload_outcome(self, transport: Transport, node: str, run_id: str) -> BucketOutcome | None:
+    def upload_outcome(
+        self,
+        transport: Transport,
+        node: str,
+        run_id: str,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> BucketOutcome | None:
         """What the job's uploader put in the bucket, once it ended (at
-        most JOB_END_WAIT_S from now); None without storage."""
+        most JOB_END_WAIT_S from now; an uploader still busy after a
+        moment is said through ``on_wait``, and from then Ctrl-C skips the
+        wait: the uploader goes on, `down` and `stop` wait for it, and the
+        job's own outcome is kept); None without storage."""
         if self.storage is None:
             return None
-        log.info("waiting for the upload of %s to %s", run_id, self.bucket_url(run_id))
-        states = self.uploads(transport, [node], JOB_END_WAIT_S, run_id)
-        found = [s for s in states if s.run_id == run_id]
+        url = self.bucket_url(run_id)
+
+        def its(wait_s: float) -> list[UploadState]:
+            states = self.uploads(transport, [node], wait_s, run_id)
+            return [s for s in states if s.run_id == run_id]
+
+        found = its(JOB_END_QUICK_S)
+        if found and found[0].alive:
+            try:  # from the moment the wait is said, Ctrl-C skips it
+                if on_wait is not None:
+                    on_wait(
+                        f"waiting for the upload to {url} to finish (at most "
+                        f"{JOB_END_WAIT_S:.0f} s; Ctrl-C skips the wait, and the upload goes on)"
+                    )
+                found = its(JOB_END_WAIT_S) or found
+            except KeyboardInterrupt:
+                log.warning(
+                    "not waiting for the upload to %s: it goes on on %s "
+                    "(`deploy.py down` and `stop` wait for it)", url, node,
+                )  # fmt: skip
         if not found:
             return None
         state = found[0]

@@ -134,7 +134,7 @@ def run_job(
     summary = job.summary
     if not summary and spec.program.builtin and code == 0:
         summary = read_summary(destination)
-    bucket = cluster.upload_outcome(job.transport, job.chief.node, spec.run_id)
+    bucket = cluster.upload_outcome(job.transport, job.chief.node, spec.run_id, reporter.note)
     return JobResult(spec, job, destination, exit_code=code, summary=summary, bucket=bucket)
 
 

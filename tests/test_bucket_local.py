@@ -427,3 +427,48 @@ def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
     assert "chief-0.json" in rest
     assert "deleted bkt" in rest
     none_left_in(work)
+
+
+def test_the_jobs_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_its_outcome(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    """A job whose upload takes a while (a slow bucket: here its 503s and
+    the client's backoff, about 30 s): its end says that it waits, instead
+    of minutes of silence after the chief's last line; and Ctrl-C then
+    skips the wait, the job's own exit code and results kept (it exited
+    130, "interrupted", the results line never said), the upload going on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    fake.fail(503, upload="multipart", times=5)
+    job = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "run", "--no-ps",
+         "--", "python", "stand_in.py"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    assert job.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "waiting for the upload to gs://tfc-runs/team/bkt/" not in seen:
+        assert time.monotonic() < deadline and job.poll() is None, seen
+        seen += job.stdout.readline()
+    assert "Ctrl-C skips the wait" in seen
+    job.send_signal(signal.SIGINT)
+    rest, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, seen + rest
+    assert "not waiting for the upload to gs://tfc-runs/team/bkt/" in rest
+    assert "still uploading" in rest and "results: runs/bkt/stand-in-" in rest
+    # The upload went on: `down` waits for it, and it lands.
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    assert any(n.endswith("/chief-0.json") for n in fake.names("tfc-runs"))
+    none_left_in(work)
+
