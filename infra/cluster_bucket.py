@@ -23,7 +23,7 @@ import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +34,7 @@ from infra.fanout import fan_out
 from infra.job_spec import JobRecord, JobSpec
 from infra.providers.base import Node, NodeState
 from infra.storage import commands as upload_commands
-from infra.storage.commands import UploadState
+from infra.storage.commands import BucketOutcome, UploadState
 from infra.storage.config import StorageConfig
 from infra.storage.urls import GsUrl, parse_gs_url, run_id_problem
 from infra.tfconfig import TaskSpec
@@ -53,27 +53,6 @@ JOB_END_QUICK_S = 3.0
 DRAIN_WAIT_S = 600.0
 # Where a key file of storage.credentials goes on a node that copies files.
 NODE_KEY = "storage-key.json"
-
-
-@dataclass(frozen=True)
-class BucketOutcome:
-    """What a job's uploader put in the bucket."""
-
-    url: str
-    files: int
-    bytes: int
-    pending: tuple[str, ...]
-    failed: dict[str, str]
-    done: bool
-
-    def text(self) -> str:
-        size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes} bytes"
-        line = f"in the bucket: {self.url}/ ({self.files} files, {size})"
-        if not self.done:
-            line += "; still uploading (`deploy.py down` and `stop` wait for it)"
-        elif self.failed:
-            line += f"; not uploaded: {', '.join(sorted(self.failed)[:5])}"
-        return line
 
 
 class ClusterBucket(ClusterBase):
@@ -202,6 +181,40 @@ class ClusterBucket(ClusterBase):
             states += upload_commands.parse_uploads(result.stdout)
         return states
 
+    def wait_uploads(
+        self,
+        transport: Transport,
+        nodes: Sequence[str],
+        url: GsUrl | None,
+        run_id: str | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> list[UploadState]:
+        """The end of a job or a sweep: its uploaders (or only ``run_id``'s),
+        writing to ``url``, once they ended, at most JOB_END_WAIT_S from
+        now. One still busy after a moment is said (``on_wait``, else a
+        warning), and from then Ctrl-C skips the wait: the uploads go on,
+        `down` and `stop` wait for them."""
+
+        def states(wait_s: float) -> list[UploadState]:
+            found = self.uploads(transport, nodes, wait_s, run_id)
+            return [s for s in found if run_id is None or s.run_id == run_id]
+
+        found = states(JOB_END_QUICK_S)
+        if any(s.alive for s in found):
+            say = on_wait or (lambda line: log.warning("%s", line))
+            try:  # from the moment the wait is said, Ctrl-C skips it
+                say(
+                    f"waiting for the upload to {url} to finish (at most "
+                    f"{JOB_END_WAIT_S:.0f} s; Ctrl-C skips the wait, and the upload goes on)"
+                )
+                found = states(JOB_END_WAIT_S) or found
+            except KeyboardInterrupt:
+                log.warning(
+                    "not waiting for the upload to %s: it goes on on %s "
+                    "(`deploy.py down` and `stop` wait for it)", url, ", ".join(nodes),
+                )  # fmt: skip
+        return found
+
     def upload_outcome(
         self,
         transport: Transport,
@@ -209,33 +222,12 @@ class ClusterBucket(ClusterBase):
         run_id: str,
         on_wait: Callable[[str], None] | None = None,
     ) -> BucketOutcome | None:
-        """What the job's uploader put in the bucket, once it ended (at
-        most JOB_END_WAIT_S from now; an uploader still busy after a
-        moment is said through ``on_wait``, and from then Ctrl-C skips the
-        wait: the uploader goes on, `down` and `stop` wait for it, and the
-        job's own outcome is kept); None without storage."""
+        """What the job's uploader put in the bucket, once it ended
+        (``wait_uploads``: the job's own outcome is kept whatever happens
+        to the wait); None without storage."""
         if self.storage is None:
             return None
-        url = self.bucket_url(run_id)
-
-        def its(wait_s: float) -> list[UploadState]:
-            states = self.uploads(transport, [node], wait_s, run_id)
-            return [s for s in states if s.run_id == run_id]
-
-        found = its(JOB_END_QUICK_S)
-        if found and found[0].alive:
-            try:  # from the moment the wait is said, Ctrl-C skips it
-                if on_wait is not None:
-                    on_wait(
-                        f"waiting for the upload to {url} to finish (at most "
-                        f"{JOB_END_WAIT_S:.0f} s; Ctrl-C skips the wait, and the upload goes on)"
-                    )
-                found = its(JOB_END_WAIT_S) or found
-            except KeyboardInterrupt:
-                log.warning(
-                    "not waiting for the upload to %s: it goes on on %s "
-                    "(`deploy.py down` and `stop` wait for it)", url, node,
-                )  # fmt: skip
+        found = self.wait_uploads(transport, [node], self.bucket_url(run_id), run_id, on_wait)
         if not found:
             return None
         state = found[0]

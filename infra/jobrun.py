@@ -29,7 +29,7 @@ from infra.progress import ProgressEvent
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster
-    from infra.cluster_bucket import BucketOutcome
+    from infra.storage.commands import BucketOutcome
 
 
 class JobReporter:

@@ -429,8 +429,9 @@ def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
     none_left_in(work)
 
 
-def test_the_jobs_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_its_outcome(
-    fake: FakeGcs, tmp_path: Path
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
+    fake: FakeGcs, tmp_path: Path, command: str
 ) -> None:
     """A job whose upload takes a while (a slow bucket: here its 503s and
     the client's backoff, about 30 s): its end says that it waits, instead
@@ -448,9 +449,13 @@ def test_the_jobs_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_its_outcome(
     shutil.copy(STAND_IN, work / "stand_in.py")
     config = write_config(tmp_path, fake, job={"workdir": str(work)})
     fake.fail(503, upload="multipart", times=5)
+    args = (
+        ["run", "--no-ps", "--", "python", "stand_in.py"]
+        if command == "run"
+        else ["sweep", "--param", "x=1", "--", "python", "-c", "print({x})"]
+    )
     job = subprocess.Popen(
-        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "run", "--no-ps",
-         "--", "python", "stand_in.py"],
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, COLUMNS="400"),
     )  # fmt: skip
@@ -465,10 +470,12 @@ def test_the_jobs_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_its_outcome(
     rest, _ = job.communicate(timeout=120)
     assert job.returncode == 0, seen + rest
     assert "not waiting for the upload to gs://tfc-runs/team/bkt/" in rest
-    assert "still uploading" in rest and "results: runs/bkt/stand-in-" in rest
+    if command == "run":
+        assert "still uploading" in rest and "results: runs/bkt/stand-in-" in rest
     # The upload went on: `down` waits for it, and it lands.
     code, out = run(config, "down", "--yes")
     assert code == 0, out
-    assert any(n.endswith("/chief-0.json") for n in fake.names("tfc-runs"))
+    landed = "/chief-0.json" if command == "run" else "/trial-0/tfcluster-run.json"
+    assert any(n.endswith(landed) for n in fake.names("tfc-runs"))
     none_left_in(work)
 

@@ -210,12 +210,10 @@ def test_a_state_whose_counts_are_not_counts_is_skipped(field: str) -> None:
     """A node's state file is its text: a count that is not one (infinity
     made int() raise OverflowError, a 400-digit one made the job's last
     line's MB raise it) is no state, never a traceback."""
-    from infra.cluster_bucket import BucketOutcome
-
     line = f'@tfcluster-upload upload-r1 1 {{"url": "gs://b/r1", {field}}}'
     assert upload_commands.parse_uploads(line) == []
     [state] = upload_commands.parse_uploads('@tfcluster-upload upload-r1 0 {"bytes": 10000000}')
-    outcome = BucketOutcome(state.url, state.uploaded, state.bytes, (), {}, True)
+    outcome = upload_commands.BucketOutcome(state.url, state.uploaded, state.bytes, (), {}, True)
     assert "(0 files, 10.0 MB)" in outcome.text()
 
 
@@ -265,9 +263,12 @@ def test_a_folder_the_run_removes_while_it_is_looked_at_is_no_crash(tmp_path: Pa
             (folder / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
         (run / "summary.json").write_text("{}")
         mirror = Mirror(run, GsUrl("b", "r"), lambda p, f: 0, lambda p: None, lambda line: None)
-        saver = threading.Thread(
-            target=lambda gone: [shutil.rmtree(f) for f in gone], args=(folders,)
-        )
+
+        def save(gone: list[Path]) -> None:  # each checkpoint save removes its _temp folder
+            for folder in gone:
+                shutil.rmtree(folder)
+
+        saver = threading.Thread(target=save, args=(folders,))
         saver.start()
         while saver.is_alive():
             assert "summary.json" in mirror.files()

@@ -198,3 +198,24 @@ def parse_uploads(stdout: str) -> list[UploadState]:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             continue
     return out
+
+
+@dataclass(frozen=True)
+class BucketOutcome:
+    """What a job's uploader put in the bucket."""
+
+    url: str
+    files: int
+    bytes: int
+    pending: tuple[str, ...]
+    failed: dict[str, str]
+    done: bool
+
+    def text(self) -> str:
+        size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes} bytes"
+        line = f"in the bucket: {self.url}/ ({self.files} files, {size})"
+        if not self.done:
+            line += "; still uploading (`deploy.py down` and `stop` wait for it)"
+        elif self.failed:
+            line += f"; not uploaded: {', '.join(sorted(self.failed)[:5])}"
+        return line
