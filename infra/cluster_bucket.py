@@ -278,10 +278,14 @@ class ClusterBucket(ClusterBase):
         """``spec`` as a launch runs it: its ``--data-dir gs://...`` read from
         the nodes' caches (``data_from_bucket``), and, resuming on a new
         cluster (after `down`), whose chief has no checkpoint, the bucket's
-        last ones restored there first."""
+        last ones restored there first. Resuming (the same run id), the
+        last run's uploader (of the same name) ends first: this run's
+        could not start beside it."""
         spec = self.data_from_bucket(spec, transport, sorted({t.node for t in tasks}))
         if spec.resume:
             chief = next(t.node for t in tasks if t.type == "chief")
+            if self.storage is not None:
+                self.wait_uploads(transport, [chief], self.bucket_url(spec.run_id), spec.run_id)
             run_dir = f"{transport.layout(chief).runs}/{spec.run_id}"
             self.restore_from_bucket(transport, chief, run_dir, spec.run_id)
         return spec

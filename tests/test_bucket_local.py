@@ -478,3 +478,44 @@ def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
     landed = "/chief-0.json" if command == "run" else "/trial-0/tfcluster-run.json"
     assert any(n.endswith(landed) for n in fake.names("tfc-runs"))
     none_left_in(work)
+
+
+def test_a_resume_while_the_last_upload_goes_on_is_uploaded_too(
+    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train --resume` continues the same run id, whose uploader (same
+    name) may still be busy: a slow bucket, its wait skipped with Ctrl-C
+    as the job's end offers. The resumed job's uploader could not start
+    ("already running"): its training never reached the bucket."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("MNIST_DIR", str(mnist_dir))
+    fake.create_bucket("tfc-runs")
+    config = write_config(tmp_path, fake)
+    # The run's record at its end is late: its uploader is busy a minute
+    # after the job, past the next one's launch.
+    fake.slow(60, suffix="/tfcluster-run.json", after=1)
+    train = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "train", "--steps",
+         "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    assert train.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "waiting for the upload to" not in seen:
+        assert time.monotonic() < deadline and train.poll() is None, seen
+        seen += train.stdout.readline()
+    train.send_signal(signal.SIGINT)
+    rest, _ = train.communicate(timeout=120)
+    assert train.returncode == 0, seen + rest
+    code, out = run(config, "train", "--resume", "--steps", "20")
+    assert code == 0, out
+    assert "could not start the upload" not in out
+    [summary] = [n for n in fake.names("tfc-runs") if n.endswith("/summary.json")]
+    assert json.loads(fake.read("tfc-runs", summary))["steps"] == 20
+
