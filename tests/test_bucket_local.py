@@ -355,6 +355,33 @@ def test_a_nodes_hostile_upload_state_cannot_keep_down_from_deleting(
     assert "deleted bkt" in out
 
 
+def test_an_endpoint_that_never_answers_is_one_line_not_a_bug() -> None:
+    """The client retries a refused connection until its deadline, then
+    raises RetryError (neither an API error nor an OSError): `up`'s check,
+    `runs`, `fetch` and `report` exited 70, "a bug in tfcluster", after 2
+    minutes (an emulator not started, a firewall in the way)."""
+    import socket
+
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    from infra.errors import ProviderError
+    from infra.storage.client import errors
+    from infra.storage.transfer import make_client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nobody answers there
+    client = make_client(f"http://127.0.0.1:{port}", "anonymous")
+    with pytest.raises(ProviderError) as caught, errors("storage.bucket: gs://tfc-runs"):
+        client.bucket("tfc-runs").test_iam_permissions(
+            ["storage.objects.get"], retry=DEFAULT_RETRY.with_timeout(1.0)
+        )
+    line = str(caught.value)
+    assert line.startswith("storage.bucket: gs://tfc-runs: ") and "\n" not in line
+    assert "no answer from Cloud Storage ([Errno 111] Connection refused)" in line
+    assert caught.value.hint is not None and "storage.endpoint" in caught.value.hint
+
+
 def test_without_a_bucket_runs_says_so(tmp_path: Path) -> None:
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump({"name": "plain", "provider": "local"}))
