@@ -89,12 +89,14 @@ class ClusterBucket(ClusterBase):
 
     # -- the node's uploader -----------------------------------------------------
 
-    def _node_credentials(self, transport: Transport, node: str) -> str:
+    def _node_credentials(
+        self, transport: Transport, node: str, storage: StorageConfig | None = None
+    ) -> str:
         """What the node's uploader authenticates with: "adc" where the
-        node has an identity of its own (GCE), else storage.credentials,
-        a key file copied to the node (mode 0600, never synced) where
-        the node is a machine of its own."""
-        storage = self._need_storage()
+        node has an identity of its own (GCE), else storage.credentials
+        (of ``storage``, default the cluster's), a key file copied to the
+        node (mode 0600, never synced) where the node is a machine of its own."""
+        storage = storage or self._need_storage()
         if self.provider.nodes_have_identity:
             return "adc"
         spec = storage.credentials
@@ -323,7 +325,7 @@ class ClusterBucket(ClusterBase):
                 url=str(url),
                 dest=cache,
                 endpoint=storage.api_endpoint(),
-                credentials=self._node_credentials(transport, node),
+                credentials=self._node_credentials(transport, node, storage),
             )
             result = transport.run(node, script, timeout=3600)
             if not result.ok:

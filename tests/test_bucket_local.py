@@ -308,6 +308,28 @@ def test_the_trainer_reads_mnist_from_the_bucket_checked_by_its_sums(
     assert "t10k-labels-idx1-ubyte.gz is corrupted: SHA-256" in out
 
 
+def test_data_from_a_bucket_needs_no_storage_section(
+    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train --data-dir gs://...` reads data in any bucket, with the
+    nodes' own credentials (here this machine's application default ones
+    and the emulator variable), as a cluster without a bucket for its runs:
+    it said "has no storage section: runs are only on the nodes" (exit 3)."""
+    monkeypatch.delenv("MNIST_DIR", raising=False)
+    fake.create_bucket("tfc-data")
+    for file in sorted(mnist_dir.iterdir()):
+        fake.put("tfc-data", f"mnist/{file.name}", file.read_bytes())
+    key = tmp_path / "reader.json"
+    key.write_text(json.dumps(service_account_key(fake, "reader@proj.iam.gserviceaccount.com")))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake.endpoint)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"name": "data", "provider": "local", "job": {"steps": 5}}))
+    code, out = run(config, "train", "--data-dir", "gs://tfc-data/mnist")
+    assert code == 0, out
+    assert fake.accounts() == {"reader@proj.iam.gserviceaccount.com"}
+
+
 def test_down_stops_a_running_job_and_waits_for_its_upload(
     fake: FakeGcs, tmp_path: Path
 ) -> None:
