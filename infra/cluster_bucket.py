@@ -240,8 +240,9 @@ class ClusterBucket(ClusterBase):
                 next(iter(state.failed.values())),
             )
         return BucketOutcome(
-            state.url, state.uploaded, state.bytes, state.pending, state.failed, not state.alive
-        )
+            state.url, state.uploaded, state.bytes, state.pending, state.failed, not state.alive,
+            state.error,
+        )  # fmt: skip
 
     def drain_uploads(
         self, nodes: Sequence[Node], on_wait: Callable[[int], None] | None = None

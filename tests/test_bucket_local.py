@@ -330,6 +330,38 @@ def test_data_from_a_bucket_needs_no_storage_section(
     assert fake.accounts() == {"reader@proj.iam.gserviceaccount.com"}
 
 
+def test_an_uploader_that_cannot_start_says_why(fake: FakeGcs, tmp_path: Path) -> None:
+    """The node's credentials unusable there (an ssh host without
+    application default credentials; here a key file broken after `up`
+    checked it): the uploader ended at once, and the job's last line said
+    "in the bucket: / (0 files, 0 bytes)"; a data copy's error was the
+    tail of a traceback."""
+    email = "writer@proj.iam.gserviceaccount.com"
+    key = tmp_path / "writer.json"
+    key.write_text(json.dumps(service_account_key(fake, email)))
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    data = yaml.safe_load(config.read_text())
+    data["storage"]["credentials"] = "writer.json"
+    config.write_text(yaml.safe_dump(data))
+    code, out = run(config, "up")
+    assert code == 0, out
+    key.write_text("{not json")
+    code, out = run(config, "run", "--no-ps", "--", "python", "stand_in.py")
+    assert code == 0, out
+    assert "in the bucket: /" not in out
+    assert "the upload to gs://tfc-runs/team/bkt/stand-in-" in out
+    assert "could not start: JSONDecodeError: Expecting property name" in out, out
+    code, out = run(config, "train", "--steps", "5", "--data-dir", "gs://tfc-runs/mnist")
+    assert code != 0, out
+    assert "Traceback" not in out and 'File "' not in out, out
+    assert "could not copy gs://tfc-runs/mnist: error: JSONDecodeError: Expecting" in out, out
+    none_left_in(work)
+
+
 def test_down_stops_a_running_job_and_waits_for_its_upload(
     fake: FakeGcs, tmp_path: Path
 ) -> None:
@@ -400,7 +432,7 @@ def test_an_endpoint_that_never_answers_is_one_line_not_a_bug() -> None:
         )
     line = str(caught.value)
     assert line.startswith("storage.bucket: gs://tfc-runs: ") and "\n" not in line
-    assert "no answer from Cloud Storage ([Errno 111] Connection refused)" in line
+    assert "no answer from Cloud Storage (ConnectionRefusedError: [Errno 111] Connection" in line
     assert caught.value.hint is not None and "storage.endpoint" in caught.value.hint
 
 

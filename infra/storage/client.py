@@ -62,23 +62,9 @@ def errors(what: str) -> Iterator[None]:
         if isinstance(cause, api_exceptions.GoogleAPICallError):  # 503s to the end
             raise ProviderError(f"{what}: {_first_line(cause)}") from None
         raise ProviderError(
-            f"{what}: no answer from Cloud Storage ({_first_line(_root(cause or exc))})",
+            f"{what}: no answer from Cloud Storage ({transfer.error_line(cause or exc)})",
             hint="check storage.endpoint (or $STORAGE_EMULATOR_HOST) and this machine's network",
         ) from None
-
-
-def _root(exc: BaseException) -> BaseException:
-    """The error at the bottom of ``exc``'s chain (requests' ConnectionError
-    wraps urllib3's, which wraps the socket's: "[Errno 111] Connection
-    refused" says it in a few words)."""
-    seen: set[int] = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        below = exc.__cause__ or exc.__context__ or getattr(exc, "reason", None)
-        if not isinstance(below, BaseException):
-            break
-        exc = below
-    return exc
 
 
 def _first_line(exc: BaseException) -> str:

@@ -154,6 +154,7 @@ class UploadState:
     pending_count: int
     failed: dict[str, str]
     done: bool
+    error: str = ""  # why it could not start (unusable credentials on the node)
 
 
 # A count of files or bytes, as the uploader writes it; anything else (a
@@ -193,6 +194,7 @@ def parse_uploads(stdout: str) -> list[UploadState]:
                     pending_count=_count(data.get("pending_count")),
                     failed={str(k): str(v) for k, v in failed.items()},
                     done=bool(data.get("done")),
+                    error=str(data.get("error") or "")[:300],
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
@@ -210,8 +212,11 @@ class BucketOutcome:
     pending: tuple[str, ...]
     failed: dict[str, str]
     done: bool
+    error: str = ""
 
     def text(self) -> str:
+        if self.error:
+            return f"not in the bucket: the upload to {self.url} could not start: {self.error}"
         size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes} bytes"
         line = f"in the bucket: {self.url}/ ({self.files} files, {size})"
         if not self.done:

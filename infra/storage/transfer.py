@@ -67,6 +67,32 @@ def make_client(endpoint: str | None, credentials: str, base: Path | None = None
     return storage.Client(project=project, credentials=creds, client_options=options)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The error at the bottom of ``exc``'s chain: the client's RetryError
+    wraps requests' ConnectionError, which wraps urllib3's, which wraps
+    the socket's "[Errno 111] Connection refused", which says it best."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        below = (
+            getattr(exc, "cause", None)  # RetryError's last error
+            or exc.__cause__
+            or exc.__context__
+            or getattr(exc, "reason", None)  # urllib3's
+        )
+        if not isinstance(below, BaseException):
+            break
+        exc = below
+    return exc
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` in one short line: its root cause's type and first line."""
+    root = root_cause(exc)
+    lines = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {lines[0] if lines else ''}".rstrip(": ")[:300]
+
+
 def account_of(client: Client, credentials: str) -> str:
     """Who the client is, for a message: a service account's email, else
     what the credentials are."""

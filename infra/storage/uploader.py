@@ -391,11 +391,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command == "upload":
-        return run_upload(args)
-    if args.command == "data":
-        return run_data(args)
-    return run_restore(args)
+    try:
+        if args.command == "upload":
+            return run_upload(args)
+        if args.command == "data":
+            return run_data(args)
+        return run_restore(args)
+    except Exception as exc:
+        # What the launch or the job's end says of it: one line, never a
+        # traceback (unusable credentials on the node, a bucket out of reach).
+        line = transfer.error_line(exc)
+        if args.command == "upload":  # its state says why it did not start
+            write_json(Path(args.status), {"url": args.url, "error": line, "done": True})
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":
