@@ -163,7 +163,7 @@ def test_the_next_jobs_chief_of_the_same_name_is_not_the_one_it_outlives(
 ) -> None:
     """The uploader watches the chief by its pid file, which the next job's
     chief (of the same name, chief-0) takes over. Busy with a checkpoint
-    when its chief ends (here: the bucket answers 503 for a few seconds),
+    when its chief ends (here: the bucket answers its upload 15 s late),
     and the next job started meanwhile (`cancel`, then `run` at once), it
     must still see its own chief gone and finish: not mirror on, its
     summary out of the bucket and its record "running", until the other
@@ -171,10 +171,9 @@ def test_the_next_jobs_chief_of_the_same_name_is_not_the_one_it_outlives(
     run = node / "tfcluster" / "runs" / "r1"
     (run / "checkpoints").mkdir()
     start(node, fake)
-    name = "team/c1/r1/checkpoints/ckpt-1.index"
-    fake.fail(503, name=name, times=4)  # the client's backoff: about 15 s
+    fake.slow(15, suffix="/checkpoints/ckpt-1.index")
     (run / "checkpoints" / "ckpt-1.index").write_bytes(b"i")
-    wait_for(lambda: any(c.status == 503 for c in fake.calls))
+    wait_for(lambda: any(c.path.startswith("/upload/") for c in fake.calls))  # on its way
     (node / "stop").write_text("")
     wait_for(lambda: (node / "tfcluster" / "logs" / "chief-0.exit").exists())
     (run / "summary.json").write_text("{}")
