@@ -443,10 +443,7 @@ def report(
     against each parameter. A run in the cluster's bucket (gs://..., or a
     run id that is no folder here) is fetched first."""
     folders = tuple(
-        str(cluster.bucket_copy(r))
-        if r.startswith("gs://") or (cluster.storage is not None and not Path(r).exists())
-        else r
-        for r in run_dirs
+        str(cluster.bucket_copy(r)) if cluster.names_bucket_run(r) else r for r in run_dirs
     )
     print_report(folders, plot, as_json, metric)
 

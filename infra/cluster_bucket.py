@@ -23,7 +23,7 @@ import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +34,7 @@ from infra.fanout import fan_out
 from infra.job_spec import JobRecord, JobSpec
 from infra.providers.base import Node, NodeState
 from infra.storage import commands as upload_commands
-from infra.storage.commands import UploadState
+from infra.storage.commands import BucketOutcome, UploadState
 from infra.storage.config import StorageConfig
 from infra.storage.urls import GsUrl, parse_gs_url, run_id_problem
 from infra.tfconfig import TaskSpec
@@ -48,30 +48,11 @@ log = logging.getLogger("tfcluster")
 # Seconds a job's end waits for its uploader's last pass (the summary says
 # what is in the bucket), and `down`/`stop` for every pending upload.
 JOB_END_WAIT_S = 300.0
+# Seconds the job's end waits for its uploader before it says that it waits.
+JOB_END_QUICK_S = 3.0
 DRAIN_WAIT_S = 600.0
 # Where a key file of storage.credentials goes on a node that copies files.
 NODE_KEY = "storage-key.json"
-
-
-@dataclass(frozen=True)
-class BucketOutcome:
-    """What a job's uploader put in the bucket."""
-
-    url: str
-    files: int
-    bytes: int
-    pending: tuple[str, ...]
-    failed: dict[str, str]
-    done: bool
-
-    def text(self) -> str:
-        size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes} bytes"
-        line = f"in the bucket: {self.url}/ ({self.files} files, {size})"
-        if not self.done:
-            line += "; still uploading (`deploy.py down` and `stop` wait for it)"
-        elif self.failed:
-            line += f"; not uploaded: {', '.join(sorted(self.failed)[:5])}"
-        return line
 
 
 class ClusterBucket(ClusterBase):
@@ -108,12 +89,14 @@ class ClusterBucket(ClusterBase):
 
     # -- the node's uploader -----------------------------------------------------
 
-    def _node_credentials(self, transport: Transport, node: str) -> str:
+    def _node_credentials(
+        self, transport: Transport, node: str, storage: StorageConfig | None = None
+    ) -> str:
         """What the node's uploader authenticates with: "adc" where the
-        node has an identity of its own (GCE), else storage.credentials,
-        a key file copied to the node (mode 0600, never synced) where
-        the node is a machine of its own."""
-        storage = self._need_storage()
+        node has an identity of its own (GCE), else storage.credentials
+        (of ``storage``, default the cluster's), a key file copied to the
+        node (mode 0600, never synced) where the node is a machine of its own."""
+        storage = storage or self._need_storage()
         if self.provider.nodes_have_identity:
             return "adc"
         spec = storage.credentials
@@ -200,14 +183,53 @@ class ClusterBucket(ClusterBase):
             states += upload_commands.parse_uploads(result.stdout)
         return states
 
-    def upload_outcome(self, transport: Transport, node: str, run_id: str) -> BucketOutcome | None:
-        """What the job's uploader put in the bucket, once it ended (at
-        most JOB_END_WAIT_S from now); None without storage."""
+    def wait_uploads(
+        self,
+        transport: Transport,
+        nodes: Sequence[str],
+        url: GsUrl | None,
+        run_id: str | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> list[UploadState]:
+        """The end of a job or a sweep: its uploaders (or only ``run_id``'s),
+        writing to ``url``, once they ended, at most JOB_END_WAIT_S from
+        now. One still busy after a moment is said (``on_wait``, else a
+        warning), and from then Ctrl-C skips the wait: the uploads go on,
+        `down` and `stop` wait for them."""
+
+        def states(wait_s: float) -> list[UploadState]:
+            found = self.uploads(transport, nodes, wait_s, run_id)
+            return [s for s in found if run_id is None or s.run_id == run_id]
+
+        found = states(JOB_END_QUICK_S)
+        if any(s.alive for s in found):
+            say = on_wait or (lambda line: log.warning("%s", line))
+            try:  # from the moment the wait is said, Ctrl-C skips it
+                say(
+                    f"waiting for the upload to {url} to finish (at most "
+                    f"{JOB_END_WAIT_S:.0f} s; Ctrl-C skips the wait, and the upload goes on)"
+                )
+                found = states(JOB_END_WAIT_S) or found
+            except KeyboardInterrupt:
+                log.warning(
+                    "not waiting for the upload to %s: it goes on on %s "
+                    "(`deploy.py down` and `stop` wait for it)", url, ", ".join(nodes),
+                )  # fmt: skip
+        return found
+
+    def upload_outcome(
+        self,
+        transport: Transport,
+        node: str,
+        run_id: str,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> BucketOutcome | None:
+        """What the job's uploader put in the bucket, once it ended
+        (``wait_uploads``: the job's own outcome is kept whatever happens
+        to the wait); None without storage."""
         if self.storage is None:
             return None
-        log.info("waiting for the upload of %s to %s", run_id, self.bucket_url(run_id))
-        states = self.uploads(transport, [node], JOB_END_WAIT_S, run_id)
-        found = [s for s in states if s.run_id == run_id]
+        found = self.wait_uploads(transport, [node], self.bucket_url(run_id), run_id, on_wait)
         if not found:
             return None
         state = found[0]
@@ -218,8 +240,9 @@ class ClusterBucket(ClusterBase):
                 next(iter(state.failed.values())),
             )
         return BucketOutcome(
-            state.url, state.uploaded, state.bytes, state.pending, state.failed, not state.alive
-        )
+            state.url, state.uploaded, state.bytes, state.pending, state.failed, not state.alive,
+            state.error,
+        )  # fmt: skip
 
     def drain_uploads(
         self, nodes: Sequence[Node], on_wait: Callable[[int], None] | None = None
@@ -258,10 +281,14 @@ class ClusterBucket(ClusterBase):
         """``spec`` as a launch runs it: its ``--data-dir gs://...`` read from
         the nodes' caches (``data_from_bucket``), and, resuming on a new
         cluster (after `down`), whose chief has no checkpoint, the bucket's
-        last ones restored there first."""
+        last ones restored there first. Resuming (the same run id), the
+        last run's uploader (of the same name) ends first: this run's
+        could not start beside it."""
         spec = self.data_from_bucket(spec, transport, sorted({t.node for t in tasks}))
         if spec.resume:
             chief = next(t.node for t in tasks if t.type == "chief")
+            if self.storage is not None:
+                self.wait_uploads(transport, [chief], self.bucket_url(spec.run_id), spec.run_id)
             run_dir = f"{transport.layout(chief).runs}/{spec.run_id}"
             self.restore_from_bucket(transport, chief, run_dir, spec.run_id)
         return spec
@@ -299,7 +326,7 @@ class ClusterBucket(ClusterBase):
                 url=str(url),
                 dest=cache,
                 endpoint=storage.api_endpoint(),
-                credentials=self._node_credentials(transport, node),
+                credentials=self._node_credentials(transport, node, storage),
             )
             result = transport.run(node, script, timeout=3600)
             if not result.ok:
@@ -383,6 +410,15 @@ class ClusterBucket(ClusterBase):
             raise AssertionError("unreachable")
         return url
 
+    def names_bucket_run(self, run: str) -> bool:
+        """Whether ``run`` (``report``'s argument) names a run in the bucket
+        rather than a folder here: a gs:// URL, or, with ``storage``, a run
+        id that is no folder here. A path that is no folder (a typo) is
+        not: it is said to be missing, not "not a run id"."""
+        if run.startswith("gs://"):
+            return True
+        return self.storage is not None and not Path(run).exists() and run_id_problem(run) is None
+
     def bucket_copy(self, run: str) -> Path:
         """A run in the bucket (a run id or gs://...) as a folder here, for
         ``report`` and ``tensorboard``: fetched afresh into this cluster's
@@ -408,7 +444,8 @@ class ClusterBucket(ClusterBase):
 
         storage = self.storage or StorageConfig(bucket=f"gs://{url.bucket}")
         with errors(f"fetching {url}"):
-            return fetch_run(open_client(storage, self.config.base_dir), url, dest)
+            client = open_client(storage, self.config.base_dir)
+            return fetch_run(client, url, dest, self.config.fetch.limits())
 
 
 def _missing(states: Sequence[UploadState]) -> str:

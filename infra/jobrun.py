@@ -31,7 +31,7 @@ from infra.readiness import Waiting
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster
-    from infra.cluster_bucket import BucketOutcome
+    from infra.storage.commands import BucketOutcome
 
 
 class JobReporter:
@@ -151,7 +151,7 @@ def run_job(
     summary = job.summary
     if not summary and spec.program.builtin and code == 0:
         summary = read_summary(destination)
-    bucket = cluster.upload_outcome(job.transport, job.chief.node, spec.run_id)
+    bucket = cluster.upload_outcome(job.transport, job.chief.node, spec.run_id, reporter.note)
     return JobResult(spec, job, destination, exit_code=code, summary=summary, bucket=bucket)
 
 

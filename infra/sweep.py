@@ -39,8 +39,6 @@ from infra.sweep_trial import SWEEP_FILE, Trial, line_metrics, read_json, summar
 from infra.text import node_text
 from infra.transport import Transport
 
-JOB_END_WAIT_S = 300.0  # as infra/cluster_bucket.py's: a sweep's end waits for its uploads
-
 if TYPE_CHECKING:
     from infra.cluster import Cluster
 
@@ -485,6 +483,6 @@ def run_sweep(
                 try:
                     sweep.run()
                 finally:
-                    if url is not None:  # the trials' last uploads, bounded
-                        cluster.uploads(transport, nodes, JOB_END_WAIT_S)
+                    if url is not None:  # the trials' last uploads, bounded, said
+                        cluster.wait_uploads(transport, nodes, url)
                 return sweep

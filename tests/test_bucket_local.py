@@ -166,6 +166,71 @@ def test_fetch_refuses_objects_that_leave_the_run_folder(fake: FakeGcs, tmp_path
     assert not (tmp_path / "d").exists() and not (tmp_path / "evil").exists()
 
 
+@pytest.mark.parametrize(
+    ("limits", "words"),
+    [({"max_entries": 2}, "past 2 files and folders (fetch.max_entries)"),
+     ({"max_gb": 1.6e-8}, "past 1.6e-08 GB (fetch.max_gb)")],
+)  # fmt: skip
+def test_a_run_from_the_bucket_is_held_to_the_fetch_limits(
+    fake: FakeGcs, tmp_path: Path, limits: dict[str, float], words: str
+) -> None:
+    """The nodes wrote what is in the bucket: a run folder past fetch.max_gb
+    or fetch.max_entries is refused there as it is on the nodes (the fetch
+    from the nodes falls back to the bucket), before anything is written."""
+    fake.create_bucket("tfc-runs")
+    for name in ("a", "b", "c"):
+        fake.put("tfc-runs", f"team/bkt/r1/{name}", b"x" * 6)
+    code, out = run(write_config(tmp_path, fake, fetch=limits), "fetch", "r1",
+                    "--dest", str(tmp_path / "d"))  # fmt: skip
+    assert code == 7, out
+    assert f"gs://tfc-runs/team/bkt/r1: 'c' takes the run folder {words}" in out
+    assert not (tmp_path / "d").exists()
+
+
+def test_folder_markers_are_folders_not_names_that_leave_the_run(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    """A zero-byte object named like a folder ('eval/') is how the Cloud
+    console's "Create folder" and TensorFlow's ``tf.io.gfile.makedirs`` on
+    gs:// (README's example, in the run's own folder) make a folder: the
+    run is fetched whole, the markers written as nothing."""
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "team/bkt/r1/", b"")  # makedirs marks each level it makes
+    fake.put("tfc-runs", "team/bkt/r1/eval/", b"")
+    fake.put("tfc-runs", "team/bkt/r1/eval/result.txt", b"0.9")
+    fake.put("tfc-runs", "team/bkt/r1/summary.json", b"{}")
+    dest = tmp_path / "d"
+    code, out = run(write_config(tmp_path, fake), "fetch", "r1", "--dest", str(dest))
+    assert code == 0, out
+    assert (dest / "r1" / "eval" / "result.txt").read_bytes() == b"0.9"
+    assert sorted(p.name for p in (dest / "r1").iterdir()) == ["eval", "summary.json"]
+
+
+def test_a_data_folder_made_in_the_console_is_copied(fake: FakeGcs, tmp_path: Path) -> None:
+    from infra.storage import uploader
+
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "data/mnist/", b"")  # the console's "Create folder"
+    fake.put("tfc-runs", "data/mnist/train.gz", b"images")
+    cache = tmp_path / "cache"
+    code = uploader.main(["--endpoint", fake.endpoint, "--credentials", "anonymous", "data",
+                          "--url", "gs://tfc-runs/data/mnist", "--dest", str(cache)])  # fmt: skip
+    assert code == 0
+    assert (cache / "train.gz").read_bytes() == b"images"
+
+
+def test_a_marker_with_bytes_is_refused_as_any_name_that_is_not_a_file(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    fake.create_bucket("tfc-runs")
+    fake.put("tfc-runs", "team/bkt/r1/summary.json", b"{}")
+    fake.put("tfc-runs", "team/bkt/r1/eval/", b"not a marker")
+    code, out = run(write_config(tmp_path, fake), "fetch", "r1", "--dest", str(tmp_path / "d"))
+    assert code == 7, out
+    assert "leaves the run folder; nothing was fetched" in out
+    assert not (tmp_path / "d").exists()
+
+
 def test_each_sweep_trial_lands_in_the_bucket(fake: FakeGcs, tmp_path: Path) -> None:
     fake.create_bucket("tfc-runs")
     work = tmp_path / "project"
@@ -204,6 +269,10 @@ def test_report_and_tensorboard_of_a_run_in_the_bucket(fake: FakeGcs, tmp_path: 
     assert (row["run"], row["metric"], row["value"]) == ("r1", "test_accuracy", 0.5)
     code, out = run(config, "report", "r1", "--json")  # a run id, no such folder here
     assert code == 0, out
+    # A folder here with a typo in it is said to be missing, as without a bucket.
+    code, out = run(config, "report", "runs/bkt/r1-typo")
+    assert code == 2, out
+    assert "runs/bkt/r1-typo: no such run folder" in out and "not a run id" not in out
 
     import urllib.request
 
@@ -239,6 +308,60 @@ def test_the_trainer_reads_mnist_from_the_bucket_checked_by_its_sums(
     assert "t10k-labels-idx1-ubyte.gz is corrupted: SHA-256" in out
 
 
+def test_data_from_a_bucket_needs_no_storage_section(
+    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train --data-dir gs://...` reads data in any bucket, with the
+    nodes' own credentials (here this machine's application default ones
+    and the emulator variable), as a cluster without a bucket for its runs:
+    it said "has no storage section: runs are only on the nodes" (exit 3)."""
+    monkeypatch.delenv("MNIST_DIR", raising=False)
+    fake.create_bucket("tfc-data")
+    for file in sorted(mnist_dir.iterdir()):
+        fake.put("tfc-data", f"mnist/{file.name}", file.read_bytes())
+    key = tmp_path / "reader.json"
+    key.write_text(json.dumps(service_account_key(fake, "reader@proj.iam.gserviceaccount.com")))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake.endpoint)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"name": "data", "provider": "local", "job": {"steps": 5}}))
+    code, out = run(config, "train", "--data-dir", "gs://tfc-data/mnist")
+    assert code == 0, out
+    assert fake.accounts() == {"reader@proj.iam.gserviceaccount.com"}
+
+
+def test_an_uploader_that_cannot_start_says_why(fake: FakeGcs, tmp_path: Path) -> None:
+    """The node's credentials unusable there (an ssh host without
+    application default credentials; here a key file broken after `up`
+    checked it): the uploader ended at once, and the job's last line said
+    "in the bucket: / (0 files, 0 bytes)"; a data copy's error was the
+    tail of a traceback."""
+    email = "writer@proj.iam.gserviceaccount.com"
+    key = tmp_path / "writer.json"
+    key.write_text(json.dumps(service_account_key(fake, email)))
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    data = yaml.safe_load(config.read_text())
+    data["storage"]["credentials"] = "writer.json"
+    config.write_text(yaml.safe_dump(data))
+    code, out = run(config, "up")
+    assert code == 0, out
+    key.write_text("{not json")
+    code, out = run(config, "run", "--no-ps", "--", "python", "stand_in.py")
+    assert code == 0, out
+    assert "in the bucket: /" not in out
+    assert "the upload to gs://tfc-runs/team/bkt/stand-in-" in out
+    assert "could not start: JSONDecodeError: Expecting property name" in out, out
+    code, out = run(config, "train", "--steps", "5", "--data-dir", "gs://tfc-runs/mnist")
+    assert code != 0, out
+    assert "Traceback" not in out and 'File "' not in out, out
+    assert "could not copy gs://tfc-runs/mnist: error: JSONDecodeError: Expecting" in out, out
+    none_left_in(work)
+
+
 def test_down_stops_a_running_job_and_waits_for_its_upload(
     fake: FakeGcs, tmp_path: Path
 ) -> None:
@@ -265,6 +388,52 @@ def test_down_stops_a_running_job_and_waits_for_its_upload(
     assert f"{folder}/chief-0.json" in fake.names("tfc-runs")
     assert json.loads(fake.read("tfc-runs", record))["status"] == "stopped"
     none_left_in(work)
+
+
+def test_a_nodes_hostile_upload_state_cannot_keep_down_from_deleting(
+    fake: FakeGcs, tmp_path: Path
+) -> None:
+    """An uploader's state file is the node's text: a count past what a
+    float or an int holds (JSON's 1e999 is infinity) made `down` exit 70
+    with a traceback, every node left running (and billed)."""
+    fake.create_bucket("tfc-runs")
+    config = write_config(tmp_path, fake)
+    code, out = run(config, "up")
+    assert code == 0, out
+    logs = Path(os.environ["TFCLUSTER_HOME"]).rglob("nodes/pc-1")
+    folder = next(logs) / "tfcluster" / "logs"
+    folder.mkdir(parents=True)
+    (folder / "upload-evil.json").write_text('{"uploaded": 1e999}')
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    assert "deleted bkt" in out
+
+
+def test_an_endpoint_that_never_answers_is_one_line_not_a_bug() -> None:
+    """The client retries a refused connection until its deadline, then
+    raises RetryError (neither an API error nor an OSError): `up`'s check,
+    `runs`, `fetch` and `report` exited 70, "a bug in tfcluster", after 2
+    minutes (an emulator not started, a firewall in the way)."""
+    import socket
+
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    from infra.errors import ProviderError
+    from infra.storage.client import errors
+    from infra.storage.transfer import make_client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nobody answers there
+    client = make_client(f"http://127.0.0.1:{port}", "anonymous")
+    with pytest.raises(ProviderError) as caught, errors("storage.bucket: gs://tfc-runs"):
+        client.bucket("tfc-runs").test_iam_permissions(
+            ["storage.objects.get"], retry=DEFAULT_RETRY.with_timeout(1.0)
+        )
+    line = str(caught.value)
+    assert line.startswith("storage.bucket: gs://tfc-runs: ") and "\n" not in line
+    assert "no answer from Cloud Storage (ConnectionRefusedError: [Errno 111] Connection" in line
+    assert caught.value.hint is not None and "storage.endpoint" in caught.value.hint
 
 
 def test_without_a_bucket_runs_says_so(tmp_path: Path) -> None:
@@ -339,3 +508,95 @@ def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
     assert "chief-0.json" in rest
     assert "deleted bkt" in rest
     none_left_in(work)
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
+    fake: FakeGcs, tmp_path: Path, command: str
+) -> None:
+    """A job whose upload takes a while (a slow bucket: here the run's
+    record at the end, 20 s): its end says that it waits, instead
+    of minutes of silence after the chief's last line; and Ctrl-C then
+    skips the wait, the job's own exit code and results kept (it exited
+    130, "interrupted", the results line never said), the upload going on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake.create_bucket("tfc-runs")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(STAND_IN, work / "stand_in.py")
+    config = write_config(tmp_path, fake, job={"workdir": str(work)})
+    fake.slow(20, suffix="/tfcluster-run.json", after=1)  # the record at the end, not at the start
+    args = (
+        ["run", "--no-ps", "--", "python", "stand_in.py"]
+        if command == "run"
+        else ["sweep", "--param", "x=1", "--", "python", "-c", "print({x})"]
+    )
+    job = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    assert job.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "waiting for the upload to gs://tfc-runs/team/bkt/" not in seen:
+        assert time.monotonic() < deadline and job.poll() is None, seen
+        seen += job.stdout.readline()
+    assert "Ctrl-C skips the wait" in seen
+    job.send_signal(signal.SIGINT)
+    rest, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, seen + rest
+    assert "not waiting for the upload to gs://tfc-runs/team/bkt/" in rest
+    if command == "run":
+        assert "still uploading" in rest and "results: runs/bkt/stand-in-" in rest
+    # The upload went on: `down` waits for it, and it lands.
+    code, out = run(config, "down", "--yes")
+    assert code == 0, out
+    landed = "/chief-0.json" if command == "run" else "/trial-0/tfcluster-run.json"
+    assert any(n.endswith(landed) for n in fake.names("tfc-runs"))
+    none_left_in(work)
+
+
+def test_a_resume_while_the_last_upload_goes_on_is_uploaded_too(
+    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train --resume` continues the same run id, whose uploader (same
+    name) may still be busy: a slow bucket, its wait skipped with Ctrl-C
+    as the job's end offers. The resumed job's uploader could not start
+    ("already running"): its training never reached the bucket."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("MNIST_DIR", str(mnist_dir))
+    fake.create_bucket("tfc-runs")
+    config = write_config(tmp_path, fake)
+    # The run's record at its end is late: its uploader is busy a minute
+    # after the job, past the next one's launch.
+    fake.slow(60, suffix="/tfcluster-run.json", after=1)
+    train = subprocess.Popen(
+        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "train", "--steps",
+         "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    assert train.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "waiting for the upload to" not in seen:
+        assert time.monotonic() < deadline and train.poll() is None, seen
+        seen += train.stdout.readline()
+    train.send_signal(signal.SIGINT)
+    rest, _ = train.communicate(timeout=120)
+    assert train.returncode == 0, seen + rest
+    code, out = run(config, "train", "--resume", "--steps", "20")
+    assert code == 0, out
+    assert "could not start the upload" not in out
+    [summary] = [n for n in fake.names("tfc-runs") if n.endswith("/summary.json")]
+    assert json.loads(fake.read("tfc-runs", summary))["steps"] == 20
+

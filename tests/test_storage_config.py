@@ -38,6 +38,7 @@ def test_a_bucket_with_a_prefix() -> None:
         ("gs://" + "a" * 64, "is not a bucket name"),
         ("gs://runs/a/../b", "'..'"),
         ("gs://runs/a//b", "empty name"),
+        ("gs://runs/a//", "empty name"),
         ("gs://runs/a\nb", "control characters"),
     ],
 )

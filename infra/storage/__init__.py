@@ -9,10 +9,10 @@ sides:
   check ``up`` makes before it creates anything (``check.py``), and what
   ``fetch``, ``runs``, ``report`` and ``--resume`` read from the bucket
   (``runs.py``);
-* on the nodes: ``sync.py``, the uploader that mirrors a job's run folder
+* on the nodes: ``uploader.py``, the uploader that mirrors a job's run folder
   into the bucket with the node's own credentials, started beside the
   chief as a task of its own, and its ``restore``/``data`` commands
-  (``python -m infra.storage.sync``). The nodes get only what it imports
+  (``python -m infra.storage.uploader``). The nodes get only what it imports
   (``urls``, ``_gcs``, ``transfer``: the standard library and
   google-cloud-storage), shipped with the code (``CODE_PATHS`` in
   infra/sync.py).

@@ -55,8 +55,16 @@ def errors(what: str) -> Iterator[None]:
         raise ConfigError(f"{what}: {_first_line(exc)}") from None
     except api_exceptions.GoogleAPICallError as exc:
         raise ProviderError(f"{what}: {_first_line(exc)}") from None
-    except OSError as exc:  # the endpoint does not answer
-        raise ProviderError(f"{what}: {_first_line(exc)}") from None
+    except (api_exceptions.RetryError, OSError) as exc:
+        # The endpoint does not answer; through the client's retries, once
+        # they ran out, as RetryError (neither an API error nor an OSError).
+        cause = exc.cause if isinstance(exc, api_exceptions.RetryError) else exc
+        if isinstance(cause, api_exceptions.GoogleAPICallError):  # 503s to the end
+            raise ProviderError(f"{what}: {_first_line(cause)}") from None
+        raise ProviderError(
+            f"{what}: no answer from Cloud Storage ({transfer.error_line(cause or exc)})",
+            hint="check storage.endpoint (or $STORAGE_EMULATOR_HOST) and this machine's network",
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

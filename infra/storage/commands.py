@@ -154,11 +154,27 @@ class UploadState:
     pending_count: int
     failed: dict[str, str]
     done: bool
+    error: str = ""  # why it could not start (unusable credentials on the node)
+
+
+# A count of files or bytes, as the uploader writes it; anything else (a
+# node's text: JSON's 1e999 is infinity, a 400-digit number no float) is
+# no state.
+MAX_COUNT = 10**15
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError("not a count")
+    return value
 
 
 def parse_uploads(stdout: str) -> list[UploadState]:
     """The ``@tfcluster-upload`` lines of ``uploads``; a line that does
-    not parse (a torn state file, text from elsewhere) is skipped."""
+    not parse (a torn state file, text from elsewhere, a count that is
+    not one) is skipped."""
     out = []
     for line in stdout.splitlines():
         words = line.split(" ", 3)
@@ -172,14 +188,39 @@ def parse_uploads(stdout: str) -> list[UploadState]:
                     run_id=words[1][len(PREFIX) :],
                     alive=words[2] == "1",
                     url=str(data.get("url") or ""),
-                    uploaded=int(data.get("uploaded") or 0),
-                    bytes=int(data.get("bytes") or 0),
+                    uploaded=_count(data.get("uploaded")),
+                    bytes=_count(data.get("bytes")),
                     pending=tuple(str(p) for p in data.get("pending") or ()),
-                    pending_count=int(data.get("pending_count") or 0),
+                    pending_count=_count(data.get("pending_count")),
                     failed={str(k): str(v) for k, v in failed.items()},
                     done=bool(data.get("done")),
+                    error=str(data.get("error") or "")[:300],
                 )
             )
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             continue
     return out
+
+
+@dataclass(frozen=True)
+class BucketOutcome:
+    """What a job's uploader put in the bucket."""
+
+    url: str
+    files: int
+    bytes: int
+    pending: tuple[str, ...]
+    failed: dict[str, str]
+    done: bool
+    error: str = ""
+
+    def text(self) -> str:
+        if self.error:
+            return f"not in the bucket: the upload to {self.url} could not start: {self.error}"
+        size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes} bytes"
+        line = f"in the bucket: {self.url}/ ({self.files} files, {size})"
+        if not self.done:
+            line += "; still uploading (`deploy.py down` and `stop` wait for it)"
+        elif self.failed:
+            line += f"; not uploaded: {', '.join(sorted(self.failed)[:5])}"
+        return line

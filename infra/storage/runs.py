@@ -25,6 +25,8 @@ from infra.storage.urls import GsUrl, run_id_problem
 if TYPE_CHECKING:
     from google.cloud.storage.client import Client
 
+    from infra.fetch import FetchLimits
+
 
 @dataclass(frozen=True)
 class BucketRun:
@@ -43,6 +45,20 @@ class BucketRun:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def _within(where: str, objects: list[transfer.Listed], limits: FetchLimits) -> None:
+    """FetchLimitExceeded naming the first object past ``limits``, known
+    from the listing before anything is written."""
+    from infra.fetch import too_big, too_many
+
+    total = 0
+    for count, obj in enumerate(objects, 1):
+        total += obj.size
+        if count > limits.max_entries:
+            raise too_many(where, obj.path, limits)
+        if total > limits.max_bytes:
+            raise too_big(where, obj.path, limits)
 
 
 def _record(client: Client, url: GsUrl) -> dict[str, Any]:
@@ -85,10 +101,13 @@ def list_runs(client: Client, cluster_url: GsUrl) -> list[BucketRun]:
     return sorted(runs, key=lambda r: (r.started_at or r.run_id, r.run_id))
 
 
-def fetch_run(client: Client, url: GsUrl, dest: Path) -> int:
+def fetch_run(client: Client, url: GsUrl, dest: Path, limits: FetchLimits | None = None) -> int:
     """The run folder ``url`` into ``dest``; the number of files. Refused
     (UnsafeRemoteEntry, nothing written) when an object's name is not a
-    plain path in the folder; StateError when the folder is empty."""
+    plain path in the folder; StateError when the folder is empty;
+    FetchLimitExceeded (nothing written) past ``limits`` (cluster.yaml's
+    ``fetch``: the nodes wrote what is in the bucket, and are held to the
+    same limits there as when they are fetched from directly)."""
     unsafe: list[str] = []
     objects = transfer.list_folder(client, url, on_unsafe=unsafe.append)
     if unsafe:
@@ -98,8 +117,8 @@ def fetch_run(client: Client, url: GsUrl, dest: Path) -> int:
         )
     if not objects:
         raise StateError(f"{url} holds no run: nothing to fetch")
+    if limits is not None:
+        _within(str(url), objects, limits)
     dest.mkdir(parents=True, exist_ok=True)
     transfer.download_folder(client, url, dest)
     return len(objects)
-
-

@@ -5,7 +5,7 @@ the transient answers: 429, 5xx, a dropped connection), listing a folder,
 downloading a folder with every object name checked before anything is
 written.
 
-Used on both sides: by the node's uploader (infra/storage/sync.py) and by
+Used on both sides: by the node's uploader (infra/storage/uploader.py) and by
 this machine's ``fetch``, ``runs``, ``report`` (infra/storage/runs.py).
 Standard library, google-cloud-storage and ``urls`` only: the nodes run it.
 """
@@ -67,6 +67,32 @@ def make_client(endpoint: str | None, credentials: str, base: Path | None = None
     return storage.Client(project=project, credentials=creds, client_options=options)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The error at the bottom of ``exc``'s chain: the client's RetryError
+    wraps requests' ConnectionError, which wraps urllib3's, which wraps
+    the socket's "[Errno 111] Connection refused", which says it best."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        below = (
+            getattr(exc, "cause", None)  # RetryError's last error
+            or exc.__cause__
+            or exc.__context__
+            or getattr(exc, "reason", None)  # urllib3's
+        )
+        if not isinstance(below, BaseException):
+            break
+        exc = below
+    return exc
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` in one short line: its root cause's type and first line."""
+    root = root_cause(exc)
+    lines = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {lines[0] if lines else ''}".rstrip(": ")[:300]
+
+
 def account_of(client: Client, credentials: str) -> str:
     """Who the client is, for a message: a service account's email, else
     what the credentials are."""
@@ -106,6 +132,8 @@ def upload_file(
                 str(path), retry=_retry(), timeout=REQUEST_TIMEOUT_S, checksum="auto"
             )
             return path.stat().st_size
+        except FileNotFoundError:
+            raise  # gone (the run removed it): trying again finds nothing
         except Exception:
             if attempt == attempts:
                 raise
@@ -123,14 +151,25 @@ class Listed:
     updated: str | None
 
 
+def is_folder_marker(name: str, size: int | None) -> bool:
+    """Whether object ``name`` only marks a folder: empty, its name ending
+    in '/'. The Cloud console's "Create folder" makes one, and so does
+    TensorFlow's ``tf.io.gfile.makedirs`` on gs:// (for each level it
+    makes); they hold nothing, and name no file."""
+    return name.endswith("/") and not size
+
+
 def list_folder(
     client: Client, url: GsUrl, *, on_unsafe: Callable[[str], None] | None = None
 ) -> list[Listed]:
     """Every object under ``url`` (all pages), by its path there. An object
     whose name is not a plain path inside the folder (``../x``, ``a//b``)
-    is left out, and ``on_unsafe(name)`` told of it."""
+    is left out, and ``on_unsafe(name)`` told of it; a folder marker
+    (``is_folder_marker``) is left out silently."""
     out = []
     for blob in client.list_blobs(url.bucket, prefix=url.prefix, retry=_retry()):
+        if is_folder_marker(blob.name, blob.size):
+            continue  # a folder, which the files in it make here: nothing to write
         rel = relative_name(blob.name, url.prefix)
         if rel is None:
             if on_unsafe is not None:

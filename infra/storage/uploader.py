@@ -11,7 +11,8 @@ tick), outside the TensorFlow tasks' process groups and namespaces, and:
   the ``checkpoint`` index after the files it names: a checkpoint is in
   the bucket within 30 s of being written;
 * once the task it watches has ended (its pid file no longer names a
-  live process started at that tick and carrying its TFCLUSTER_TASK),
+  live process started at that tick and carrying its TFCLUSTER_TASK and
+  the TFCLUSTER_RUN_ID it had at the uploader's start),
   uploads everything else, deletes what it uploaded and the run deleted
   since (old checkpoints), writes ``tfcluster-run.json`` (what ran, how it
   ended) and exits: nothing of it is left running, nothing idles on a
@@ -37,6 +38,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -59,21 +61,36 @@ CHECKPOINTS = "checkpoints"
 INDEX = "checkpoint"
 
 
-def task_alive(pid_file: Path) -> bool:
-    """Whether the task of ``pid_file`` ("PID TICK", as infra/commands.py
-    writes it) still runs: that pid, started at that tick (field 22 of
-    /proc/PID/stat), not a zombie, with TFCLUSTER_TASK=<its name>."""
+def _task_environ(pid_file: Path) -> list[bytes] | None:
+    """The environment of the task of ``pid_file`` ("PID TICK", as
+    infra/commands.py writes it) while it runs: that pid, started at that
+    tick (field 22 of /proc/PID/stat), not a zombie, with
+    TFCLUSTER_TASK=<its name>; None once it does not."""
     name = pid_file.name.removesuffix(".pid")
     try:
         pid, tick = pid_file.read_text().split()[:2]
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
         environ = Path(f"/proc/{int(pid)}/environ").read_bytes().split(b"\0")
     except (OSError, ValueError):
-        return False
-    fields = stat.rsplit(")", 1)[-1].split()
+        return None
+    fields = stat_line.rsplit(")", 1)[-1].split()
     if len(fields) < 20 or fields[19] != tick or fields[0] == "Z":
-        return False
-    return f"TFCLUSTER_TASK={name}".encode() in environ
+        return None
+    return environ if f"TFCLUSTER_TASK={name}".encode() in environ else None
+
+
+def task_run(pid_file: Path) -> bytes | None:
+    """The ``TFCLUSTER_RUN_ID=...`` of the task of ``pid_file`` if it runs."""
+    environ = _task_environ(pid_file) or []
+    return next((e for e in environ if e.startswith(b"TFCLUSTER_RUN_ID=")), None)
+
+
+def task_alive(pid_file: Path, run: bytes | None = None) -> bool:
+    """Whether the task of ``pid_file`` still runs (and, given ``run``,
+    is still of that run: the next job's chief has the same name, and
+    takes its pid file over)."""
+    environ = _task_environ(pid_file)
+    return environ is not None and (run is None or run in environ)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -101,13 +118,25 @@ class Mirror:
     bytes: int = 0
 
     def files(self) -> dict[str, tuple[int, int]]:
-        """Every regular file of the run folder (no symbolic link), by path."""
+        """Every regular file of the run folder (no symbolic link), by path.
+        The run changes the folder while this looks (each TensorFlow
+        checkpoint save makes and removes a ``ckpt-N_temp`` folder, old
+        checkpoints go): what vanished meanwhile is not there, never an
+        error (os.walk skips a folder it cannot list; pathlib's rglob
+        raised)."""
         out = {}
-        for path in sorted(self.run_dir.rglob("*")):
-            if path.is_symlink() or not path.is_file() or path.name.startswith(".tfc-"):
-                continue
-            st = path.stat()
-            out[path.relative_to(self.run_dir).as_posix()] = (st.st_size, st.st_mtime_ns)
+        for folder, subfolders, names in os.walk(self.run_dir):
+            subfolders.sort()
+            for name in sorted(names):
+                if name.startswith(".tfc-"):
+                    continue
+                path = Path(folder, name)
+                try:
+                    st = path.lstat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out[path.relative_to(self.run_dir).as_posix()] = (st.st_size, st.st_mtime_ns)
         return out
 
     def pass_(self, *, final: bool) -> None:
@@ -115,6 +144,8 @@ class Mirror:
         unless ``final``: then everything), and at the end delete what
         was uploaded and is gone here."""
         now = self.files()
+        for gone in set(self.failed) - set(now):  # the run let it go: nothing to upload
+            del self.failed[gone]
         todo = [
             p
             for p, sig in now.items()
@@ -149,6 +180,9 @@ class Mirror:
     def _one(self, path: str, sig: tuple[int, int]) -> None:
         try:
             self.bytes += self.upload(path, self.run_dir / path)
+        except FileNotFoundError:
+            self.failed.pop(path, None)  # the run removed it meanwhile (an old checkpoint)
+            return
         except Exception as exc:
             self.failed[path] = _short(exc)
             if path not in self.warned:  # once per file, however often it fails
@@ -211,12 +245,15 @@ def run_upload(args: argparse.Namespace) -> int:
         stopping = True  # the final pass, then out
 
     signal.signal(signal.SIGTERM, on_term)
+    # The watched task is its run's: a relaunch of that run (a recovery)
+    # is still watched, another job's task of the same name is not.
+    run = task_run(watch)
     write_json(status_file, mirror.status(done=False))
     put_record(bucket, url, {**record, "status": "running"}, warn)
-    while not stopping and task_alive(watch):
+    while not stopping and task_alive(watch, run):
         mirror.pass_(final=False)
         write_json(status_file, mirror.status(done=False))
-        _sleep_while(lambda: not stopping and task_alive(watch), args.interval)
+        _sleep_while(lambda: not stopping and task_alive(watch, run), args.interval)
     code = _exit_code(exit_file)
     signal.signal(signal.SIGALRM, _give_up)
     signal.alarm(int(FINAL_DEADLINE_S))  # the last pass is bounded, retries and all
@@ -354,11 +391,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command == "upload":
-        return run_upload(args)
-    if args.command == "data":
-        return run_data(args)
-    return run_restore(args)
+    try:
+        if args.command == "upload":
+            return run_upload(args)
+        if args.command == "data":
+            return run_data(args)
+        return run_restore(args)
+    except Exception as exc:
+        # What the launch or the job's end says of it: one line, never a
+        # traceback (unusable credentials on the node, a bucket out of reach).
+        line = transfer.error_line(exc)
+        if args.command == "upload":  # its state says why it did not start
+            write_json(Path(args.status), {"url": args.url, "error": line, "done": True})
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

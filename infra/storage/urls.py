@@ -53,7 +53,7 @@ def path_problem(path: str) -> str | None:
     parts = path.split("/")
     if any(p in (".", "..") for p in parts):
         return "'.' and '..' are not folders in a bucket"
-    if any(not p for p in parts[:-1]) or path.startswith("/"):
+    if any(not p for p in parts):  # 'a//b', '/a', and 'a//' (one '/' at the end is cut)
         return "an empty name between slashes ('//') names nothing"
     if len(path.encode()) > 900:
         return "an object name is at most 1024 bytes, and runs need room under it"

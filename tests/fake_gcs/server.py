@@ -23,7 +23,7 @@ Faults: ``fail(status, ...)`` answers the next matching request(s) with
 an error instead (a 503 in the middle of a resumable upload: the chunk is
 not persisted, the client asks where it stands and sends it again);
 ``cut_download(after)`` closes a download after some bytes (the client
-resumes with a Range). ``calls`` records every request.
+resumes with a Range); ``slow(seconds, ...)`` answers uploads late. ``calls`` records every request.
 
 Object bodies are kept in memory; it is a test fake.
 """
@@ -36,6 +36,7 @@ import json
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -104,12 +105,14 @@ class Call:
 
 @dataclass
 class _Fault:
-    status: int
+    status: int  # 0: answered as usual, after ``delay``
     method: str | None
     upload: str | None  # media | multipart | resumable | chunk (a session PUT)
     name: str | None  # the object uploaded (media, multipart, resumable starts)
     after: int  # matching requests let through first
     times: int
+    suffix: str | None = None  # the uploaded object's name ends so
+    delay: float = 0.0  # seconds before the answer
 
 
 @dataclass
@@ -224,6 +227,22 @@ class FakeGcs:
         with self._lock:
             self._faults.append(_Fault(status, method, upload, name, after, times))
 
+    def slow(
+        self,
+        seconds: float,
+        *,
+        upload: str | None = None,
+        suffix: str | None = None,
+        after: int = 0,
+        times: int = 1,
+    ) -> None:
+        """Answer the next ``times`` uploads that match (``upload`` as in
+        ``fail``; ``suffix``: how the object's name ends), after letting
+        ``after`` through, only ``seconds`` late: a slow bucket (each
+        request in a thread of its own: the others are not held)."""
+        with self._lock:
+            self._faults.append(_Fault(0, None, upload, None, after, times, suffix, seconds))
+
     def cut_download(self, after: int) -> None:
         """Close the next download's connection after ``after`` bytes of its body."""
         with self._lock:
@@ -235,12 +254,14 @@ class FakeGcs:
 
     # -- serving --------------------------------------------------------------------
 
-    def _fault_for(self, method: str, upload: str | None, name: str | None) -> int | None:
+    def _fault_for(self, method: str, upload: str | None, name: str | None) -> _Fault | None:
         with self._lock:
             for fault in self._faults:
                 if fault.method not in (None, method) or fault.upload not in (None, upload):
                     continue
                 if fault.name not in (None, name):
+                    continue
+                if fault.suffix is not None and not (name or "").endswith(fault.suffix):
                     continue
                 if fault.after > 0:
                     fault.after -= 1
@@ -248,7 +269,7 @@ class FakeGcs:
                 fault.times -= 1
                 if fault.times <= 0:
                     self._faults.remove(fault)
-                return fault.status
+                return fault
         return None
 
     def _bucket(self, name: str) -> FakeBucket:
@@ -336,10 +357,12 @@ class FakeGcs:
             upload = "chunk" if req.command == "PUT" else query.get("uploadType")
             name = _upload_name(upload, query, req.headers.get("Content-Type") or "", body)
         try:
-            status = self._fault_for(req.command, upload, name)
-            if status is not None:
-                raise GcsError(status, "We encountered an internal error. Please try again.",
-                               "backendError")  # fmt: skip
+            fault = self._fault_for(req.command, upload, name)
+            if fault is not None:
+                time.sleep(fault.delay)
+                if fault.status:
+                    raise GcsError(fault.status, "We encountered an internal error. Please try "
+                                   "again.", "backendError")  # fmt: skip
             with self._lock:
                 self._route(req, segments, query, body, call)
         except GcsError as exc:
