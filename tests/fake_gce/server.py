@@ -58,10 +58,8 @@ containers answers ``on_create`` with the container's address.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
-import hashlib
 import ipaddress
 import json
 import re
@@ -71,183 +69,30 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from tests.fake_gce import catalog, identity
+from tests.fake_gce.api import (
+    API_ROOT,
+    NAME,
+    ApiError,
+    Call,
+    OpFailure,
+    fingerprint,
+    last,
+    network_url,
+    now,
+    page,
+    resource_id,
+)
+from tests.fake_gce.backend import InstanceBackend
 from tests.fake_gce.filters import FilterError, compile_filter
+from tests.fake_gce.world import DEFAULT_ZONES, Closing, Latency, World
 
-# selfLinks name Google's endpoint, as the real API's do, whatever the
-# endpoint the client used: clients must not depend on them being fetchable.
-API_ROOT = "https://www.googleapis.com/compute/v1"
-
-DEFAULT_ZONES = (
-    "us-central1-a",
-    "us-central1-b",
-    "us-central1-c",
-    "us-central1-f",
-    "europe-west1-b",
-)
-
-# Calls that change something; everything else only reads (operations.wait
-# is a POST but changes nothing).
-MUTATING = frozenset(
-    {
-        "instances.insert",
-        "instances.bulkInsert",
-        "instances.delete",
-        "instances.start",
-        "instances.stop",
-        "instances.resume",
-        "instances.setLabels",
-        "instances.setMetadata",
-        "firewalls.insert",
-        "firewalls.patch",
-        "firewalls.update",
-        "firewalls.delete",
-    }
-)
-
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-
-
-# -- configuration ---------------------------------------------------------------------
-
-
-@dataclass
-class Latency:
-    """Seconds each state lasts. Mutable: a test may change it between calls."""
-
-    provision: float = 0.0  # PROVISIONING after insert; the insert operation ends with it
-    staging: float = 0.0  # STAGING after create, before RUNNING
-    start: float = 0.0  # STAGING after start; the start operation ends at RUNNING
-    stop: float = 0.0  # STOPPING before TERMINATED
-    delete: float = 0.0  # STOPPING before the instance is gone
-    firewall: float = 0.0  # any firewall operation
-    metadata: float = 0.0  # setLabels / setMetadata operations
-    host_keys: float = 0.0  # RUNNING before the guest agent publishes its host keys
-    # Instance name -> its own PROVISIONING time (a slow node among fast ones).
-    per_instance: dict[str, float] = field(default_factory=dict)
-
-    def provision_of(self, name: str) -> float:
-        return self.per_instance.get(name, self.provision)
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """What a backend says an instance's addresses are; None: the fake picks."""
-
-    network_ip: str | None = None
-    nat_ip: str | None = None
-
-
-class InstanceBackend:
-    """What an instance is. Called on the fake's operation threads (never
-    with the fake's lock held, so a hook may take seconds, e.g. to start a
-    container) with a deep copy of the instance resource as the API shows
-    it (``name``, ``zone`` URL, ``labels``, ``metadata.items`` with the
-    ``ssh-keys`` a guest agent would install, ``networkInterfaces``...).
-
-    A hook that raises fails the operation with INTERNAL_ERROR and is
-    recorded in ``FakeGce.internal_errors``.
-    """
-
-    def on_create(self, instance: dict[str, Any]) -> Addresses:
-        """The instance is being provisioned; return its addresses."""
-        return Addresses()
-
-    def on_start(self, instance: dict[str, Any]) -> Addresses:
-        """A stopped instance starts; return its (new) addresses."""
-        return Addresses()
-
-    def on_stop(self, instance: dict[str, Any]) -> None:
-        """The instance stops (``stop``, or preempted)."""
-
-    def on_delete(self, instance: dict[str, Any]) -> None:
-        """The instance is deleted (its boot disk with it)."""
-
-    def on_metadata(self, instance: dict[str, Any]) -> None:
-        """``setMetadata`` changed the metadata (new ``ssh-keys``, say)."""
-
-    def host_keys(self, instance: dict[str, Any]) -> list[str]:
-        """The public host keys (``<type> <base64>`` lines) the guest agent
-        of this running instance publishes; [] while it has none. Default:
-        one generated ed25519 key per instance id (``generated_host_key``),
-        kept across stop and start as a disk keeps /etc/ssh. Called on the
-        HTTP threads, without the fake's lock."""
-        return [generated_host_key(instance["id"])[1]]
-
-    def watch(self, guest_stopped: Callable[[str], object]) -> None:
-        """Call ``guest_stopped(instance name)`` whenever an instance's
-        guest stops by itself (a shutdown inside it); what it returns is
-        ignored (``FakeGce.guest_shutdown`` says whether it was RUNNING).
-        Default: guests never do."""
-
-    def close(self) -> None:
-        """The fake shuts down: release everything still held."""
-
-
-@dataclass
-class Call:
-    """One request as the fake saw it."""
-
-    op: str  # discovery name, for example "instances.insert"
-    method: str
-    path: str
-    query: dict[str, str]
-    body: Any
-    project: str | None
-    zone: str | None
-    name: str | None  # the instance / firewall / operation named in the path or body
-    authorization: str | None
-    status: int = 0  # the HTTP status the fake answered
-
-    @property
-    def mutating(self) -> bool:
-        return self.op in MUTATING
-
-
-class ApiError(Exception):
-    """An HTTP error answer, in the real API's shape."""
-
-    def __init__(self, status: int, message: str, reason: str, domain: str = "global") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.reason = reason
-        self.domain = domain
-
-    def payload(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "code": self.status,
-                "message": self.message,
-                "errors": [
-                    {"message": self.message, "domain": self.domain, "reason": self.reason}
-                ],
-            }
-        }
-
-
-class OpFailure(Exception):
-    """How an operation ends when it fails (its ``error`` field)."""
-
-    def __init__(
-        self, code: str, message: str, http_status: int = 400, http_message: str = "BAD REQUEST"
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
-        self.http_message = http_message
-
-
-class _Closing(Exception):
-    """The fake is shutting down: operation threads end quietly."""
 
 
 @dataclass
@@ -307,23 +152,6 @@ class _Operation:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _fingerprint(value: Any) -> str:
-    digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
-    return base64.b64encode(digest[:8]).decode()
-
-
-def _last(url: str | None) -> str:
-    return (url or "").rstrip("/").rsplit("/", 1)[-1]
-
-
-def _resource_id() -> str:
-    return str(secrets.randbelow(10**19 - 10**18) + 10**18)
-
-
 # -- the fake ------------------------------------------------------------------------------
 
 
@@ -338,18 +166,10 @@ class FakeGce:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        self.latency = latency or Latency()
-        self.backend = backend or InstanceBackend()
-        self.zones = list(zones)
-        self.wait_max_s = wait_max_s
+        self._world = World(latency or Latency(), backend or InstanceBackend(), zones, wait_max_s)
         self.calls: list[Call] = []
-        # Exceptions on operation threads that are not modelled API
-        # behaviour (a backend hook failed, a bug here): tests assert none.
-        self.internal_errors: list[BaseException] = []
         self._host = host
         self._port = port
-        self._lock = threading.RLock()
-        self._closing = threading.Event()
         self._instances: dict[tuple[str, str, str], _Instance] = {}
         # Per project, made on first use (see ``_project``): its networks
         # (the auto-mode `default` one, with GCE's four default firewall
@@ -388,7 +208,7 @@ class FakeGce:
         return self
 
     def stop(self) -> None:
-        self._closing.set()
+        self._world.closing.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -411,6 +231,47 @@ class FakeGce:
         if isinstance(host, bytes):  # typeshed allows it; an IPv4 server never has it
             host = host.decode()
         return f"http://{host}:{port}"
+
+    # -- settings a test may change between calls -------------------------------------
+
+    @property
+    def latency(self) -> Latency:
+        return self._world.latency
+
+    @latency.setter
+    def latency(self, value: Latency) -> None:
+        self._world.latency = value
+
+    @property
+    def backend(self) -> InstanceBackend:
+        return self._world.backend
+
+    @backend.setter
+    def backend(self, value: InstanceBackend) -> None:
+        self._world.backend = value
+
+    @property
+    def wait_max_s(self) -> float:
+        """The longest an ``operations.wait`` blocks."""
+        return self._world.wait_max_s
+
+    @wait_max_s.setter
+    def wait_max_s(self, value: float) -> None:
+        self._world.wait_max_s = value
+
+    @property
+    def zones(self) -> list[str]:
+        return self._world.zones
+
+    @property
+    def internal_errors(self) -> list[BaseException]:
+        """Failures of operation threads that are no modelled API behaviour."""
+        return self._world.internal_errors
+
+    @property
+    def _lock(self) -> threading.RLock:
+        """The one lock of every table (hold it to change a stored resource)."""
+        return self._world.lock
 
     # -- faults ---------------------------------------------------------------------
 
@@ -542,7 +403,7 @@ class FakeGce:
         with self._lock:
             res = inst.resource
             res["status"] = "TERMINATED"
-            res["lastStopTimestamp"] = _now()
+            res["lastStopTimestamp"] = now()
             self._drop_nat(res)
             snapshot = copy.deepcopy(res)
             op = self._new_operation(
@@ -566,7 +427,7 @@ class FakeGce:
             if inst.deleted or res["status"] != "RUNNING":
                 return False
             res["status"] = "TERMINATED"
-            res["lastStopTimestamp"] = _now()
+            res["lastStopTimestamp"] = now()
             self._drop_nat(res)
             op = self._new_operation(
                 inst.project, f"zones/{inst.zone}", "compute.instances.guestTerminate", res
@@ -662,7 +523,7 @@ class FakeGce:
             rules = [copy.deepcopy(f) for (p, _), f in self._firewalls.items() if p == project]
         return catalog.ingress_allowed(
             rules,
-            network=_last(target["networkInterfaces"][0]["network"]),
+            network=last(target["networkInterfaces"][0]["network"]),
             target_tags=target["tags"]["items"],
             port=port,
             source_ip=source_ip,
@@ -701,7 +562,7 @@ class FakeGce:
             "id": identity.project_number(p["project"]),
             "name": p["project"],
             "commonInstanceMetadata": {
-                "kind": "compute#metadata", "fingerprint": _fingerprint(items), "items": items,
+                "kind": "compute#metadata", "fingerprint": fingerprint(items), "items": items,
             },
             "defaultNetworkTier": "PREMIUM",
             "defaultServiceAccount": identity.default_account(p["project"]),
@@ -717,8 +578,8 @@ class FakeGce:
 
         def later() -> None:
             try:
-                self._sleep(self.latency.stop)
-            except _Closing:
+                self._world.sleep(self.latency.stop)
+            except Closing:
                 return
             with self._lock:
                 snapshot = copy.deepcopy(inst.resource)
@@ -726,7 +587,7 @@ class FakeGce:
             with self._lock:
                 if inst.resource["status"] == "PENDING_STOP":
                     inst.resource["status"] = "TERMINATED"
-                    inst.resource["lastStopTimestamp"] = _now()
+                    inst.resource["lastStopTimestamp"] = now()
                     self._drop_nat(inst.resource)
 
         threading.Thread(target=later, daemon=True, name=f"pending-stop-{name}").start()
@@ -912,15 +773,15 @@ class FakeGce:
         name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}-{secrets.token_hex(4)}"
         resource: dict[str, Any] = {
             "kind": "compute#operation",
-            "id": _resource_id(),
+            "id": resource_id(),
             "name": name,
             "operationType": op_type,
             "targetLink": target.get("selfLink", ""),
             "status": "RUNNING",
             "user": "fake@tfcluster.invalid",
             "progress": 0,
-            "insertTime": _now(),
-            "startTime": _now(),
+            "insertTime": now(),
+            "startTime": now(),
             "selfLink": f"{API_ROOT}/projects/{project}/{scope}/operations/{name}",
         }
         if target.get("id"):
@@ -939,7 +800,7 @@ class FakeGce:
             res = op.resource
             res["status"] = "DONE"
             res["progress"] = 100
-            res["endTime"] = _now()
+            res["endTime"] = now()
             if failure is not None:
                 res["error"] = {"errors": [{"code": failure.code, "message": failure.message}]}
                 res["httpErrorStatusCode"] = failure.http_status
@@ -953,7 +814,7 @@ class FakeGce:
         def run() -> None:
             try:
                 work()
-            except _Closing:
+            except Closing:
                 return
             except OpFailure as failure:
                 self._finish(op, failure)
@@ -969,12 +830,6 @@ class FakeGce:
             self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
             thread.start()  # under the lock: stop() never sees an unstarted thread
-
-    def _sleep(self, seconds: float) -> None:
-        if seconds > 0 and self._closing.wait(seconds):
-            raise _Closing
-        if self._closing.is_set():
-            raise _Closing
 
     def _op_lookup(self, project: str, scope: str, name: str) -> _Operation:
         with self._lock:
@@ -1109,7 +964,7 @@ class FakeGce:
                 if proj == p["project"] and zone == p["zone"] and match(i.resource)
             ]
         base = f"projects/{p['project']}/zones/{p['zone']}/instances"
-        return _page("compute#instanceList", base, items, query)
+        return page("compute#instanceList", base, items, query)
 
     def _api_instances_aggregatedList(
         self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
@@ -1175,7 +1030,7 @@ class FakeGce:
         with inst.op_lock:
             if fate is not None:
                 failure, leave = fate
-                self._sleep(self.latency.provision_of(inst.name))
+                self._world.sleep(self.latency.provision_of(inst.name))
                 with self._lock:
                     if leave:
                         inst.resource["status"] = "TERMINATED"
@@ -1190,7 +1045,7 @@ class FakeGce:
             with self._lock:
                 nic = inst.resource["networkInterfaces"][0]
                 nic["networkIP"] = addresses.network_ip or self._internal_ip()
-            self._sleep(self.latency.provision_of(inst.name))
+            self._world.sleep(self.latency.provision_of(inst.name))
             with self._lock:
                 if inst.deleted or inst.resource["status"] != "PROVISIONING":
                     on_staged()
@@ -1198,11 +1053,11 @@ class FakeGce:
                 inst.resource["status"] = "STAGING"
                 self._give_nat(inst.resource, addresses.nat_ip)
             on_staged()
-            self._sleep(self.latency.staging)
+            self._world.sleep(self.latency.staging)
             with self._lock:
                 if not inst.deleted and inst.resource["status"] == "STAGING":
                     inst.resource["status"] = "RUNNING"
-                    inst.resource["lastStartTimestamp"] = _now()
+                    inst.resource["lastStartTimestamp"] = now()
                     inst.running_since = time.monotonic()
 
     def _api_instances_bulkInsert(
@@ -1292,7 +1147,7 @@ class FakeGce:
         name = body.get("name")
         if not name:
             raise ApiError(400, "Required field 'resource.name' not specified", "required")
-        if not _NAME.match(name):
+        if not NAME.match(name):
             raise ApiError(
                 400,
                 f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
@@ -1302,7 +1157,7 @@ class FakeGce:
         machine = body.get("machineType")
         if not machine:
             raise ApiError(400, "Required field 'resource.machineType' not specified", "required")
-        machine_name = _last(machine)
+        machine_name = last(machine)
         if not re.match(r"^[a-z][a-z0-9]*-[a-z0-9-]+$", machine_name):
             raise ApiError(
                 400,
@@ -1376,13 +1231,13 @@ class FakeGce:
         disk_type = init.get("diskType") or f"zones/{zone}/diskTypes/pd-standard"
         resource: dict[str, Any] = {
             "kind": "compute#instance",
-            "id": _resource_id(),
-            "creationTimestamp": _now(),
+            "id": resource_id(),
+            "creationTimestamp": now(),
             "name": name,
             "description": body.get("description", ""),
             "tags": {
                 "items": list((body.get("tags") or {}).get("items") or []),
-                "fingerprint": _fingerprint((body.get("tags") or {}).get("items") or []),
+                "fingerprint": fingerprint((body.get("tags") or {}).get("items") or []),
             },
             "machineType": f"{zone_url}/machineTypes/{machine_name}",
             "status": "PROVISIONING",
@@ -1410,17 +1265,17 @@ class FakeGce:
             ],
             "metadata": {
                 "kind": "compute#metadata",
-                "fingerprint": _fingerprint(metadata_items),
+                "fingerprint": fingerprint(metadata_items),
                 "items": metadata_items,
             },
             "selfLink": f"{zone_url}/instances/{name}",
             "scheduling": scheduling,
             "cpuPlatform": "Intel Broadwell",
             "labels": labels,
-            "labelFingerprint": _fingerprint(labels),
+            "labelFingerprint": fingerprint(labels),
             "startRestricted": False,
             "deletionProtection": bool(body.get("deletionProtection", False)),
-            "fingerprint": _fingerprint(name),
+            "fingerprint": fingerprint(name),
         }
         for index in range(catalog.LOCAL_SSD_DISKS.get(machine_name, 0)):
             # The Local SSD the machine type comes with, as GCE lists it.
@@ -1446,7 +1301,7 @@ class FakeGce:
             resource["guestAccelerators"] = [
                 {
                     "acceleratorType": f"{zone_url}/acceleratorTypes/"
-                    f"{_last(a.get('acceleratorType'))}",
+                    f"{last(a.get('acceleratorType'))}",
                     "acceleratorCount": int(a.get("acceleratorCount") or 1),
                 }
                 for a in accelerators
@@ -1514,7 +1369,7 @@ class FakeGce:
                     )
                 with self._lock:
                     inst.resource["status"] = "STOPPING"
-                self._sleep(self.latency.delete)
+                self._world.sleep(self.latency.delete)
                 with self._lock:
                     snapshot = copy.deepcopy(inst.resource)
                 if inst.backend_created:
@@ -1557,13 +1412,13 @@ class FakeGce:
                     if inst.resource["status"] == "TERMINATED":
                         return
                     inst.resource["status"] = "STOPPING"
-                self._sleep(self.latency.stop)
+                self._world.sleep(self.latency.stop)
                 with self._lock:
                     snapshot = copy.deepcopy(inst.resource)
                 self.backend.on_stop(snapshot)
                 with self._lock:
                     inst.resource["status"] = "TERMINATED"
-                    inst.resource["lastStopTimestamp"] = _now()
+                    inst.resource["lastStopTimestamp"] = now()
                     self._drop_nat(inst.resource)
                     for disk in scratch:
                         # AttachedDisk.savedState: PRESERVED when the data was kept.
@@ -1621,7 +1476,7 @@ class FakeGce:
                         return
                 fate = self._capacity_fate(inst.project, inst.zone, "start")
                 if fate is not None:
-                    self._sleep(self.latency.start)
+                    self._world.sleep(self.latency.start)
                     raise fate[0]
                 with self._lock:
                     inst.resource["status"] = "STAGING"
@@ -1631,11 +1486,11 @@ class FakeGce:
                     if addresses.network_ip:
                         inst.resource["networkInterfaces"][0]["networkIP"] = addresses.network_ip
                     self._give_nat(inst.resource, addresses.nat_ip)
-                self._sleep(self.latency.start)
+                self._world.sleep(self.latency.start)
                 with self._lock:
                     if inst.resource["status"] == "STAGING":
                         inst.resource["status"] = "RUNNING"
-                        inst.resource["lastStartTimestamp"] = _now()
+                        inst.resource["lastStartTimestamp"] = now()
                         inst.running_since = time.monotonic()
                         for disk in inst.resource["disks"]:
                             disk.pop("savedState", None)  # the data is back on the disks
@@ -1658,11 +1513,11 @@ class FakeGce:
                     "conditionNotMet",
                 )
             inst.resource["labels"] = labels
-            inst.resource["labelFingerprint"] = _fingerprint(labels)
+            inst.resource["labelFingerprint"] = fingerprint(labels)
             op = self._new_operation(inst.project, f"zones/{inst.zone}", "setLabels",
                                      inst.resource)
             answer = copy.deepcopy(op.resource)
-        self._spawn(op, lambda: self._sleep(self.latency.metadata))
+        self._spawn(op, lambda: self._world.sleep(self.latency.metadata))
         return answer
 
     def _api_instances_setMetadata(
@@ -1683,7 +1538,7 @@ class FakeGce:
                 )
             inst.resource["metadata"] = {
                 "kind": "compute#metadata",
-                "fingerprint": _fingerprint(items),
+                "fingerprint": fingerprint(items),
                 "items": items,
             }
             snapshot = copy.deepcopy(inst.resource)
@@ -1692,7 +1547,7 @@ class FakeGce:
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
-            self._sleep(self.latency.metadata)
+            self._world.sleep(self.latency.metadata)
             self.backend.on_metadata(snapshot)
 
         self._spawn(op, work)
@@ -1722,7 +1577,7 @@ class FakeGce:
                 for (proj, _), fw in sorted(self._firewalls.items())
                 if proj == p["project"] and match(fw)
             ]
-        return _page("compute#firewallList", f"projects/{p['project']}/global/firewalls",
+        return page("compute#firewallList", f"projects/{p['project']}/global/firewalls",
                      items, query)
 
     def _api_firewalls_insert(
@@ -1748,7 +1603,7 @@ class FakeGce:
 
         def work() -> None:
             try:
-                self._sleep(self.latency.firewall)
+                self._world.sleep(self.latency.firewall)
                 with self._lock:
                     self._firewalls[key] = resource
             finally:
@@ -1792,7 +1647,7 @@ class FakeGce:
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
-            self._sleep(self.latency.firewall)
+            self._world.sleep(self.latency.firewall)
             with self._lock:
                 if key in self._firewalls:
                     self._firewalls[key] = updated
@@ -1817,7 +1672,7 @@ class FakeGce:
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
-            self._sleep(self.latency.firewall)
+            self._world.sleep(self.latency.firewall)
             with self._lock:
                 self._firewalls.pop(key, None)
 
@@ -1846,17 +1701,6 @@ def _check_labels(labels: Mapping[str, Any]) -> None:
             )
 
 
-def _network_url(project: str, network: str | None) -> str:
-    network = network or "global/networks/default"
-    if network.startswith("https://"):
-        return network
-    if network.startswith("projects/"):
-        return f"{API_ROOT}/{network}"
-    if "/" not in network:
-        network = f"global/networks/{network}"
-    return f"{API_ROOT}/projects/{project}/{network}"
-
-
 def _nic(project: str, zone: str, nic: Mapping[str, Any], index: int) -> dict[str, Any]:
     region = zone.rsplit("-", 1)[0]
     subnetwork = nic.get("subnetwork")
@@ -1867,14 +1711,14 @@ def _nic(project: str, zone: str, nic: Mapping[str, Any], index: int) -> dict[st
             if "/" not in subnetwork:
                 subnetwork = f"regions/{region}/subnetworks/{subnetwork}"
             subnetwork = f"{API_ROOT}/projects/{project}/{subnetwork}"
-    network = _network_url(project, nic.get("network"))
+    network = network_url(project, nic.get("network"))
     out: dict[str, Any] = {
         "kind": "compute#networkInterface",
         "name": f"nic{index}",
         "network": network,
         "subnetwork": subnetwork
-        or f"{API_ROOT}/projects/{project}/regions/{region}/subnetworks/{_last(network)}",
-        "fingerprint": _fingerprint([index, network]),
+        or f"{API_ROOT}/projects/{project}/regions/{region}/subnetworks/{last(network)}",
+        "fingerprint": fingerprint([index, network]),
         "stackType": "IPV4_ONLY",
     }
     accesses = []
@@ -1917,7 +1761,7 @@ def _firewall_resource(
             "invalid",
         )
     name = body.get("name")
-    if not name or not _NAME.match(name):
+    if not name or not NAME.match(name):
         raise ApiError(400, f"Invalid value for field 'resource.name': '{name}'", "invalid")
     allowed = body.get("allowed") or []
     denied = body.get("denied") or []
@@ -1966,11 +1810,11 @@ def _firewall_resource(
         source_ranges = ["0.0.0.0/0"]
     resource: dict[str, Any] = {
         "kind": "compute#firewall",
-        "id": keep["id"] if keep else _resource_id(),
-        "creationTimestamp": keep["creationTimestamp"] if keep else _now(),
+        "id": keep["id"] if keep else resource_id(),
+        "creationTimestamp": keep["creationTimestamp"] if keep else now(),
         "name": name,
         "description": body.get("description", ""),
-        "network": _network_url(project, body.get("network")),
+        "network": network_url(project, body.get("network")),
         "priority": priority,
         "direction": direction,
         "logConfig": {"enable": False},
@@ -1990,26 +1834,6 @@ def _firewall_resource(
     if body.get("destinationRanges"):
         resource["destinationRanges"] = list(body["destinationRanges"])
     return resource
-
-
-def _page(
-    kind: str, base: str, items: list[dict[str, Any]], query: Mapping[str, str]
-) -> dict[str, Any]:
-    """One page of a list answer (``maxResults`` / ``pageToken``)."""
-    try:
-        start = int(base64.urlsafe_b64decode(query["pageToken"]).decode()) if query.get(
-            "pageToken"
-        ) else 0
-        size = int(query.get("maxResults") or 500)
-    except ValueError:
-        raise ApiError(400, "Invalid pageToken or maxResults", "invalid") from None
-    out: dict[str, Any] = {"kind": kind, "id": base, "selfLink": f"{API_ROOT}/{base}"}
-    page = items[start : start + size]
-    if page:
-        out["items"] = page
-    if start + size < len(items):
-        out["nextPageToken"] = base64.urlsafe_b64encode(str(start + size).encode()).decode()
-    return out
 
 
 _P = r"^/compute/v1/projects/(?P<project>[^/]+)"
@@ -2102,31 +1926,6 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         # The call log is the record; stderr noise would drown test output.
         return
-
-
-_GENERATED: dict[str, tuple[str, str]] = {}
-_GENERATED_LOCK = threading.Lock()
-
-
-def generated_host_key(instance_id: str) -> tuple[str, str]:
-    """The default backend's host key of an instance: (private key in
-    OpenSSH PEM, public ``ssh-ed25519 <base64>`` line), made on first use."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    with _GENERATED_LOCK:
-        if instance_id not in _GENERATED:
-            key = Ed25519PrivateKey.generate()
-            private = key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            ).decode()
-            public = key.public_key().public_bytes(
-                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-            ).decode()
-            _GENERATED[instance_id] = (private, public)
-        return _GENERATED[instance_id]
 
 
 def running_names(fake: FakeGce, statuses: Iterable[str] = ("RUNNING",)) -> list[str]:
