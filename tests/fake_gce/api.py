@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -66,6 +66,11 @@ class Call:
         return self.op in MUTATING
 
 
+# What the HTTP front calls for one API method: (call, path parameters,
+# query, body) -> the answer's JSON. Each resource part lists its own.
+Handler = Callable[[Call, dict[str, str], Any, Any], Any]
+
+
 class ApiError(Exception):
     """An HTTP error answer, in the real API's shape."""
 
@@ -99,6 +104,11 @@ class OpFailure(Exception):
         self.message = message
         self.http_status = http_status
         self.http_message = http_message
+
+
+def not_found(path: str) -> ApiError:
+    """GCE's 404 for the resource at ``path`` (``projects/p/global/...``)."""
+    return ApiError(404, f"The resource '{path}' was not found", "notFound")
 
 
 def now() -> str:

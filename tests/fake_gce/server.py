@@ -63,7 +63,6 @@ import copy
 import ipaddress
 import json
 import re
-import secrets
 import socket
 import threading
 import time
@@ -79,6 +78,7 @@ from tests.fake_gce.api import (
     NAME,
     ApiError,
     Call,
+    Handler,
     OpFailure,
     fingerprint,
     last,
@@ -89,6 +89,7 @@ from tests.fake_gce.api import (
 )
 from tests.fake_gce.backend import InstanceBackend
 from tests.fake_gce.filters import FilterError, compile_filter
+from tests.fake_gce.operations import Operations
 from tests.fake_gce.world import DEFAULT_ZONES, Closing, Latency, World
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -144,14 +145,6 @@ class _Instance:
     guest_attributes: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class _Operation:
-    project: str
-    scope: str  # "zones/<zone>" or "global"
-    resource: dict[str, Any]
-    done: threading.Event = field(default_factory=threading.Event)
-
-
 # -- the fake ------------------------------------------------------------------------------
 
 
@@ -167,6 +160,9 @@ class FakeGce:
         port: int = 0,
     ) -> None:
         self._world = World(latency or Latency(), backend or InstanceBackend(), zones, wait_max_s)
+        self._operations = Operations(self._world)
+        # discovery name -> its handler, for the resources in parts of their own
+        self._handlers: dict[str, Handler] = {**self._operations.handlers()}
         self.calls: list[Call] = []
         self._host = host
         self._port = port
@@ -178,13 +174,10 @@ class FakeGce:
         self.project_metadata: dict[str, dict[str, str]] = {}
         self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
         self._pending_firewalls: set[tuple[str, str]] = set()
-        self._operations: dict[tuple[str, str, str], _Operation] = {}
-        self._request_ids: dict[str, dict[str, Any]] = {}
         self._http_faults: list[_HttpFault] = []
         self._zone_faults: list[_ZoneFault] = []
         self._hooks: list[_Hook] = []
         self._zone_successes: dict[tuple[str, str], int] = {}
-        self._threads: list[threading.Thread] = []
         self._in_flight = 0  # mutating requests being handled now
         self._idle = threading.Condition(self._lock)
         self._next_internal = 2
@@ -213,8 +206,7 @@ class FakeGce:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-        for thread in list(self._threads):
-            thread.join(timeout=5)
+        self._operations.join(timeout=5)
         self.backend.close()
 
     def __enter__(self) -> FakeGce:
@@ -406,11 +398,11 @@ class FakeGce:
             res["lastStopTimestamp"] = now()
             self._drop_nat(res)
             snapshot = copy.deepcopy(res)
-            op = self._new_operation(
+            op = self._operations.new(
                 inst.project, f"zones/{inst.zone}", "compute.instances.preempted", res
             )
         self.backend.on_stop(snapshot)
-        self._finish(op)
+        self._operations.finish(op)
 
     def guest_shutdown(self, name: str, zone: str | None = None) -> bool:
         """The guest powered itself off (``shutdown -h now`` inside it): GCE
@@ -429,10 +421,10 @@ class FakeGce:
             res["status"] = "TERMINATED"
             res["lastStopTimestamp"] = now()
             self._drop_nat(res)
-            op = self._new_operation(
+            op = self._operations.new(
                 inst.project, f"zones/{inst.zone}", "compute.instances.guestTerminate", res
             )
-        self._finish(op)
+        self._operations.finish(op)
         return True
 
     def suspend(self, name: str, zone: str | None = None) -> None:
@@ -600,8 +592,7 @@ class FakeGce:
         return None
 
     def operations(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [copy.deepcopy(o.resource) for o in self._operations.values()]
+        return self._operations.resources()
 
     def mutating_calls(self) -> list[Call]:
         with self._lock:
@@ -624,14 +615,7 @@ class FakeGce:
 
     def wait_quiet(self, timeout: float = 10.0) -> None:
         """Until no operation is running (all DONE)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                pending = [o for o in self._operations.values() if not o.done.is_set()]
-            if not pending:
-                return
-            time.sleep(0.01)
-        raise TimeoutError(f"{len(pending)} operations still running after {timeout} s")
+        self._operations.wait_quiet(timeout)
 
     def _find(self, name: str, zone: str | None) -> _Instance:
         with self._lock:
@@ -696,7 +680,7 @@ class FakeGce:
                     400, f"Invalid value for field 'zone': '{call.zone}'. Unknown zone.", "invalid"
                 )
             self._http_fault(call)
-            handler = getattr(self, "_api_" + op.replace(".", "_"))
+            handler = self._handlers.get(op) or getattr(self, "_api_" + op.replace(".", "_"))
             status, payload = 200, handler(call, params, query, body)
         except ApiError as exc:
             status, payload = exc.status, exc.payload()
@@ -766,115 +750,6 @@ class FakeGce:
         return None
 
     # -- operations ---------------------------------------------------------------------
-
-    def _new_operation(
-        self, project: str, scope: str, op_type: str, target: Mapping[str, Any]
-    ) -> _Operation:
-        name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}-{secrets.token_hex(4)}"
-        resource: dict[str, Any] = {
-            "kind": "compute#operation",
-            "id": resource_id(),
-            "name": name,
-            "operationType": op_type,
-            "targetLink": target.get("selfLink", ""),
-            "status": "RUNNING",
-            "user": "fake@tfcluster.invalid",
-            "progress": 0,
-            "insertTime": now(),
-            "startTime": now(),
-            "selfLink": f"{API_ROOT}/projects/{project}/{scope}/operations/{name}",
-        }
-        if target.get("id"):
-            resource["targetId"] = target["id"]
-        if scope.startswith("zones/"):
-            resource["zone"] = f"{API_ROOT}/projects/{project}/{scope}"
-        op = _Operation(project, scope, resource)
-        with self._lock:
-            self._operations[(project, scope, name)] = op
-        return op
-
-    def _finish(self, op: _Operation, failure: OpFailure | None = None) -> None:
-        with self._lock:
-            if op.done.is_set():
-                return
-            res = op.resource
-            res["status"] = "DONE"
-            res["progress"] = 100
-            res["endTime"] = now()
-            if failure is not None:
-                res["error"] = {"errors": [{"code": failure.code, "message": failure.message}]}
-                res["httpErrorStatusCode"] = failure.http_status
-                res["httpErrorMessage"] = failure.http_message
-            op.done.set()
-
-    def _spawn(self, op: _Operation, work: Callable[[], None]) -> None:
-        """Run ``work`` for ``op`` on its own thread; the op is DONE when work
-        returns (or earlier, if work finishes it), failed if it raises."""
-
-        def run() -> None:
-            try:
-                work()
-            except Closing:
-                return
-            except OpFailure as failure:
-                self._finish(op, failure)
-                return
-            except BaseException as exc:  # recorded; the fixture fails the test
-                self.internal_errors.append(exc)
-                self._finish(op, OpFailure("INTERNAL_ERROR", f"fake: {exc!r}", 500, "INTERNAL"))
-                return
-            self._finish(op)
-
-        thread = threading.Thread(target=run, daemon=True, name=f"op-{op.resource['name']}")
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            self._threads.append(thread)
-            thread.start()  # under the lock: stop() never sees an unstarted thread
-
-    def _op_lookup(self, project: str, scope: str, name: str) -> _Operation:
-        with self._lock:
-            op = self._operations.get((project, scope, name))
-        if op is None:
-            raise ApiError(
-                404, f"The resource 'projects/{project}/{scope}/operations/{name}' was not found",
-                "notFound",
-            )
-        return op
-
-    def _api_zoneOperations_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], f"zones/{p['zone']}", p["name"])
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _api_zoneOperations_wait(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], f"zones/{p['zone']}", p["name"])
-        op.done.wait(self.wait_max_s)
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _api_globalOperations_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], "global", p["name"])
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _api_globalOperations_wait(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], "global", p["name"])
-        op.done.wait(self.wait_max_s)
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _dedup(self, query: Mapping[str, str], make: Callable[[], Any]) -> Any:
-        """``requestId``: a retried mutating call gets the first one's operation."""
-        request_id = query.get("requestId")
-        if not request_id:
-            return make()
-        with self._lock:
-            if request_id in self._request_ids:
-                return copy.deepcopy(self._request_ids[request_id])
-        result = make()
-        with self._lock:
-            self._request_ids[request_id] = copy.deepcopy(result)
-        return result
 
     # -- instances --------------------------------------------------------------------
 
@@ -999,7 +874,9 @@ class FakeGce:
     def _api_instances_insert(
         self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
     ) -> Any:
-        return self._dedup(query, lambda: self._insert(p["project"], p["zone"], body))
+        return self._operations.dedup(
+            query, lambda: self._insert(p["project"], p["zone"], body)
+        )
 
     def _insert(self, project: str, zone: str, body: Any) -> Any:
         resource = self._instance_resource(project, zone, body)
@@ -1015,9 +892,11 @@ class FakeGce:
             fate = self._capacity_fate(project, zone, "insert")
             inst = _Instance(project, zone, resource["name"], resource)
             self._instances[key] = inst
-            op = self._new_operation(project, f"zones/{zone}", "insert", resource)
+            op = self._operations.new(project, f"zones/{zone}", "insert", resource)
             answer = copy.deepcopy(op.resource)
-        self._spawn(op, lambda: self._create(inst, fate, lambda: self._finish(op)))
+        self._operations.spawn(
+            op, lambda: self._create(inst, fate, lambda: self._operations.finish(op))
+        )
         return answer
 
     def _create(
@@ -1063,7 +942,9 @@ class FakeGce:
     def _api_instances_bulkInsert(
         self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
     ) -> Any:
-        return self._dedup(query, lambda: self._bulk_insert(p["project"], p["zone"], body))
+        return self._operations.dedup(
+            query, lambda: self._bulk_insert(p["project"], p["zone"], body)
+        )
 
     def _bulk_insert(self, project: str, zone: str, body: Any) -> Any:
         if not isinstance(body, dict):
@@ -1112,7 +993,7 @@ class FakeGce:
             insts = [_Instance(project, zone, r["name"], r) for r in resources]
             for inst in insts:
                 self._instances[(project, zone, inst.name)] = inst
-            op = self._new_operation(
+            op = self._operations.new(
                 project, f"zones/{zone}", "bulkInsert",
                 {"selfLink": f"{API_ROOT}/projects/{project}/zones/{zone}/instances"},
             )
@@ -1137,7 +1018,7 @@ class FakeGce:
             if failures:
                 raise failures[0]
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     def _instance_resource(self, project: str, zone: str, body: Any) -> dict[str, Any]:
@@ -1357,7 +1238,7 @@ class FakeGce:
     ) -> Any:
         inst = self._instance(p["project"], p["zone"], p["name"])
         with self._lock:
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "delete", inst.resource)
+            op = self._operations.new(inst.project, f"zones/{inst.zone}", "delete", inst.resource)
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
@@ -1378,7 +1259,7 @@ class FakeGce:
                     inst.deleted = True
                     self._instances.pop((inst.project, inst.zone, inst.name), None)
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     def _api_instances_stop(
@@ -1398,7 +1279,7 @@ class FakeGce:
                     "`--discard-local-ssd=false` or `--discard-local-ssd=true` to your command.",
                     "badRequest",
                 )
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "stop", inst.resource)
+            op = self._operations.new(inst.project, f"zones/{inst.zone}", "stop", inst.resource)
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
@@ -1427,7 +1308,7 @@ class FakeGce:
                         else:
                             disk.pop("savedState", None)
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     def _api_instances_start(
@@ -1461,7 +1342,7 @@ class FakeGce:
                 raise ApiError(
                     400, f"Instance '{inst.name}' is not suspended (it is {status}).", "invalid"
                 )
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", kind, inst.resource)
+            op = self._operations.new(inst.project, f"zones/{inst.zone}", kind, inst.resource)
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
@@ -1495,7 +1376,7 @@ class FakeGce:
                         for disk in inst.resource["disks"]:
                             disk.pop("savedState", None)  # the data is back on the disks
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     def _api_instances_setLabels(
@@ -1514,10 +1395,10 @@ class FakeGce:
                 )
             inst.resource["labels"] = labels
             inst.resource["labelFingerprint"] = fingerprint(labels)
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "setLabels",
+            op = self._operations.new(inst.project, f"zones/{inst.zone}", "setLabels",
                                      inst.resource)
             answer = copy.deepcopy(op.resource)
-        self._spawn(op, lambda: self._world.sleep(self.latency.metadata))
+        self._operations.spawn(op, lambda: self._world.sleep(self.latency.metadata))
         return answer
 
     def _api_instances_setMetadata(
@@ -1542,7 +1423,7 @@ class FakeGce:
                 "items": items,
             }
             snapshot = copy.deepcopy(inst.resource)
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "setMetadata",
+            op = self._operations.new(inst.project, f"zones/{inst.zone}", "setMetadata",
                                      inst.resource)
             answer = copy.deepcopy(op.resource)
 
@@ -1550,7 +1431,7 @@ class FakeGce:
             self._world.sleep(self.latency.metadata)
             self.backend.on_metadata(snapshot)
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     # -- firewalls ----------------------------------------------------------------------
@@ -1583,7 +1464,7 @@ class FakeGce:
     def _api_firewalls_insert(
         self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
     ) -> Any:
-        return self._dedup(query, lambda: self._firewall_insert(p["project"], body))
+        return self._operations.dedup(query, lambda: self._firewall_insert(p["project"], body))
 
     def _firewall_insert(self, project: str, body: Any) -> Any:
         resource = _firewall_resource(project, body)
@@ -1598,7 +1479,7 @@ class FakeGce:
                     "alreadyExists",
                 )
             self._pending_firewalls.add(key)
-            op = self._new_operation(project, "global", "insert", resource)
+            op = self._operations.new(project, "global", "insert", resource)
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
@@ -1610,7 +1491,7 @@ class FakeGce:
                 with self._lock:
                     self._pending_firewalls.discard(key)
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     def _api_firewalls_patch(
@@ -1643,7 +1524,7 @@ class FakeGce:
                 merged = {**given, "name": current["name"]}
             updated = _firewall_resource(p["project"], merged, keep=current)
             catalog.check_firewall_network(p["project"], merged, self._project(p["project"]))
-            op = self._new_operation(p["project"], "global", kind, current)
+            op = self._operations.new(p["project"], "global", kind, current)
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
@@ -1652,7 +1533,7 @@ class FakeGce:
                 if key in self._firewalls:
                     self._firewalls[key] = updated
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
     def _api_firewalls_delete(
@@ -1668,7 +1549,7 @@ class FakeGce:
                     "was not found",
                     "notFound",
                 )
-            op = self._new_operation(p["project"], "global", "delete", current)
+            op = self._operations.new(p["project"], "global", "delete", current)
             answer = copy.deepcopy(op.resource)
 
         def work() -> None:
@@ -1676,7 +1557,7 @@ class FakeGce:
             with self._lock:
                 self._firewalls.pop(key, None)
 
-        self._spawn(op, work)
+        self._operations.spawn(op, work)
         return answer
 
 
