@@ -88,46 +88,13 @@ from tests.fake_gce.api import (
     resource_id,
 )
 from tests.fake_gce.backend import InstanceBackend
+from tests.fake_gce.faults import Faults
 from tests.fake_gce.filters import FilterError, compile_filter
 from tests.fake_gce.operations import Operations
 from tests.fake_gce.world import DEFAULT_ZONES, Closing, Latency, World
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-
-
-@dataclass
-class _HttpFault:
-    op: str
-    status: int
-    reason: str
-    message: str
-    remaining: int | None
-    name: str | None
-    zone: str | None
-
-
-@dataclass
-class _ZoneFault:
-    zone: str | None  # None: every zone
-    ops: tuple[str, ...]  # "insert", "bulkInsert", "start"
-    code: str
-    message: str
-    http_status: int
-    http_message: str
-    after: int  # this many calls succeed first
-    remaining: int | None  # failures left; None: for ever
-    leave_instance: bool  # a half-created TERMINATED instance stays behind
-    http: bool  # answer the call itself with an HTTP error instead
-    http_reason: tuple[str, str] = ("backendError", "global")  # its (reason, domain)
-
-
-@dataclass
-class _Hook:
-    op: str
-    fn: Callable[[Call], None]
-    name: str | None
-    remaining: int | None
 
 
 @dataclass
@@ -161,6 +128,7 @@ class FakeGce:
     ) -> None:
         self._world = World(latency or Latency(), backend or InstanceBackend(), zones, wait_max_s)
         self._operations = Operations(self._world)
+        self._faults = Faults(self._world)
         # discovery name -> its handler, for the resources in parts of their own
         self._handlers: dict[str, Handler] = {**self._operations.handlers()}
         self.calls: list[Call] = []
@@ -174,10 +142,6 @@ class FakeGce:
         self.project_metadata: dict[str, dict[str, str]] = {}
         self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
         self._pending_firewalls: set[tuple[str, str]] = set()
-        self._http_faults: list[_HttpFault] = []
-        self._zone_faults: list[_ZoneFault] = []
-        self._hooks: list[_Hook] = []
-        self._zone_successes: dict[tuple[str, str], int] = {}
         self._in_flight = 0  # mutating requests being handled now
         self._idle = threading.Condition(self._lock)
         self._next_internal = 2
@@ -265,7 +229,7 @@ class FakeGce:
         """The one lock of every table (hold it to change a stored resource)."""
         return self._world.lock
 
-    # -- faults ---------------------------------------------------------------------
+    # -- faults (faults.py) -----------------------------------------------------------
 
     def fail(
         self,
@@ -278,36 +242,10 @@ class FakeGce:
         name: str | None = None,
         zone: str | None = None,
     ) -> None:
-        """Answer the next ``times`` calls of ``op`` (optionally only for one
-        instance name or zone) with an HTTP error; ``times=None``: always."""
-        reasons = {
-            400: "invalid",
-            401: "authError",
-            403: "forbidden",
-            404: "notFound",
-            409: "alreadyExists",
-            429: "rateLimitExceeded",
-            500: "backendError",
-            503: "backendError",
-        }
-        messages = {
-            401: "Request is missing required authentication credential.",
-            429: "Rate Limit Exceeded",
-            500: "Internal error. Please try again or contact Google Support.",
-            503: "The service is currently unavailable.",
-        }
-        with self._lock:
-            self._http_faults.append(
-                _HttpFault(
-                    op,
-                    status,
-                    reason or reasons.get(status, "error"),
-                    message or messages.get(status, f"fake error {status}"),
-                    times,
-                    name,
-                    zone,
-                )
-            )
+        """An HTTP error for the next calls of ``op``: see ``Faults.fail``."""
+        self._faults.fail(
+            op, status, times=times, reason=reason, message=message, name=name, zone=zone
+        )
 
     def stockout(
         self,
@@ -320,31 +258,11 @@ class FakeGce:
         ops: Sequence[str] = ("insert", "bulkInsert"),
         http: bool = False,
     ) -> None:
-        """Creates in ``zone`` (None: all) end with a stockout in their
-        operation, after ``after`` successful ones. The instance shows up
-        PROVISIONING and vanishes, as on GCE; ``leave_instance`` keeps it,
-        TERMINATED, to exercise a client's cleanup. ``http``: the call itself
-        is answered HTTP 503 with the message (GCE answers some stockouts so:
-        StanfordBioinformatics/loom#463 saw the bare message from an insert;
-        no report shows that answer's `reason`, the fake says backendError)."""
-        where = f"projects/{{project}}/zones/{zone or '{zone}'}"
-        if code.endswith("_WITH_DETAILS"):
-            message = (
-                f"The zone '{where}' does not have enough resources available to fulfill "
-                "the request.  '(resource type:compute)'."
-            )
-        else:
-            message = (
-                f"The zone '{where}' does not have enough resources available to fulfill "
-                "the request.  Try a different zone, or try again later."
-            )
-        with self._lock:
-            self._zone_faults.append(
-                _ZoneFault(
-                    zone, tuple(ops), code, message, 503, "SERVICE UNAVAILABLE", after, times,
-                    leave_instance, http,
-                )
-            )
+        """Creates in ``zone`` run out of capacity: see ``Faults.stockout``."""
+        self._faults.stockout(
+            zone, code=code, after=after, times=times, leave_instance=leave_instance, ops=ops,
+            http=http,
+        )
 
     def quota_exceeded(
         self,
@@ -354,17 +272,8 @@ class FakeGce:
         http: bool = False,
         times: int | None = None,
     ) -> None:
-        """Creates in ``zone`` (None: all) exceed a regional quota: in the
-        operation (QUOTA_EXCEEDED), or with ``http`` as a 403 answer."""
-        region = zone.rsplit("-", 1)[0] if zone else "the region"
-        message = f"Quota '{metric}' exceeded.  Limit: 8.0 in region {region}."
-        with self._lock:
-            self._zone_faults.append(
-                _ZoneFault(
-                    zone, ("insert", "bulkInsert"), "QUOTA_EXCEEDED", message, 403, "FORBIDDEN",
-                    0, times, False, http, ("quotaExceeded", "usageLimits"),
-                )
-            )
+        """Creates in ``zone`` exceed a quota: see ``Faults.quota_exceeded``."""
+        self._faults.quota_exceeded(zone, metric=metric, http=http, times=times)
 
     def hook(
         self,
@@ -374,17 +283,11 @@ class FakeGce:
         name: str | None = None,
         times: int | None = 1,
     ) -> None:
-        """Call ``fn(call)`` on the server thread when a matching request
-        arrives, before it is handled (to interrupt a client mid-way, say).
-        If ``fn`` raises ``ApiError``, that is the answer."""
-        with self._lock:
-            self._hooks.append(_Hook(op, fn, name, times))
+        """``fn(call)`` runs when ``op`` arrives: see ``Faults.hook``."""
+        self._faults.hook(op, fn, name=name, times=times)
 
     def clear_faults(self) -> None:
-        with self._lock:
-            self._http_faults.clear()
-            self._zone_faults.clear()
-            self._hooks.clear()
+        self._faults.clear()
 
     # -- things that happen outside the API -------------------------------------------
 
@@ -671,7 +574,7 @@ class FakeGce:
         self, call: Call, op: str, params: dict[str, str], query: dict[str, str], body: Any
     ) -> tuple[int, Any]:
         try:
-            self._run_hooks(call)
+            self._faults.run_hooks(call)
             if call.zone is not None and call.zone not in self.zones:
                 # The whole body of real GCE's answer (inspec/inspec-gcp#301):
                 # {"code": 400, "message": "Invalid value for field 'zone':
@@ -679,7 +582,7 @@ class FakeGce:
                 raise ApiError(
                     400, f"Invalid value for field 'zone': '{call.zone}'. Unknown zone.", "invalid"
                 )
-            self._http_fault(call)
+            self._faults.http_fault(call)
             handler = self._handlers.get(op) or getattr(self, "_api_" + op.replace(".", "_"))
             status, payload = 200, handler(call, params, query, body)
         except ApiError as exc:
@@ -697,59 +600,6 @@ class FakeGce:
             ).payload()
         call.status = status
         return status, payload
-
-    def _run_hooks(self, call: Call) -> None:
-        with self._lock:
-            hooks = []
-            for hook in self._hooks:
-                if hook.op != call.op or (hook.name and hook.name != call.name):
-                    continue
-                if hook.remaining is not None:
-                    if hook.remaining <= 0:
-                        continue
-                    hook.remaining -= 1
-                hooks.append(hook)
-        for hook in hooks:
-            hook.fn(call)
-
-    def _http_fault(self, call: Call) -> None:
-        with self._lock:
-            for fault in self._http_faults:
-                if fault.op != call.op:
-                    continue
-                if fault.name and fault.name != call.name:
-                    continue
-                if fault.zone and fault.zone != call.zone:
-                    continue
-                if fault.remaining is not None:
-                    if fault.remaining <= 0:
-                        continue
-                    fault.remaining -= 1
-                raise ApiError(fault.status, fault.message, fault.reason)
-
-    def _capacity_fate(self, project: str, zone: str, op: str) -> tuple[OpFailure, bool] | None:
-        """Whether this create/start in ``zone`` hits a stockout or quota:
-        (the operation's error, leave a half-created instance)."""
-        with self._lock:
-            for fault in self._zone_faults:
-                if op not in fault.ops or (fault.zone is not None and fault.zone != zone):
-                    continue
-                seen = self._zone_successes.get((zone, op), 0)
-                if seen < fault.after:
-                    continue
-                if fault.remaining is not None:
-                    if fault.remaining <= 0:
-                        continue
-                    fault.remaining -= 1
-                message = fault.message.format(project=project, zone=zone)
-                if fault.http:
-                    raise ApiError(fault.http_status, message, *fault.http_reason)
-                failure = OpFailure(fault.code, message, fault.http_status, fault.http_message)
-                return failure, fault.leave_instance
-            self._zone_successes[(zone, op)] = self._zone_successes.get((zone, op), 0) + 1
-        return None
-
-    # -- operations ---------------------------------------------------------------------
 
     # -- instances --------------------------------------------------------------------
 
@@ -889,7 +739,7 @@ class FakeGce:
                     f"{resource['name']}' already exists",
                     "alreadyExists",
                 )
-            fate = self._capacity_fate(project, zone, "insert")
+            fate = self._faults.capacity_fate(project, zone, "insert")
             inst = _Instance(project, zone, resource["name"], resource)
             self._instances[key] = inst
             op = self._operations.new(project, f"zones/{zone}", "insert", resource)
@@ -989,7 +839,7 @@ class FakeGce:
                     "already exists",
                     "alreadyExists",
                 )
-            fate = self._capacity_fate(project, zone, "bulkInsert")
+            fate = self._faults.capacity_fate(project, zone, "bulkInsert")
             insts = [_Instance(project, zone, r["name"], r) for r in resources]
             for inst in insts:
                 self._instances[(project, zone, inst.name)] = inst
@@ -1355,7 +1205,7 @@ class FakeGce:
                         )
                     if inst.resource["status"] == "RUNNING":
                         return
-                fate = self._capacity_fate(inst.project, inst.zone, "start")
+                fate = self._faults.capacity_fate(inst.project, inst.zone, "start")
                 if fate is not None:
                     self._world.sleep(self.latency.start)
                     raise fate[0]
