@@ -91,6 +91,7 @@ from tests.fake_gce.backend import InstanceBackend
 from tests.fake_gce.faults import Faults
 from tests.fake_gce.filters import FilterError, compile_filter
 from tests.fake_gce.operations import Operations
+from tests.fake_gce.projects import Projects
 from tests.fake_gce.world import DEFAULT_ZONES, Closing, Latency, World
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -131,15 +132,12 @@ class FakeGce:
         self._faults = Faults(self._world)
         # discovery name -> its handler, for the resources in parts of their own
         self._handlers: dict[str, Handler] = {**self._operations.handlers()}
+        self._projects = Projects(self._world, on_new=self._add_default_firewalls)
+        self._handlers.update(self._projects.handlers())
         self.calls: list[Call] = []
         self._host = host
         self._port = port
         self._instances: dict[tuple[str, str, str], _Instance] = {}
-        # Per project, made on first use (see ``_project``): its networks
-        # (the auto-mode `default` one, with GCE's four default firewall
-        # rules) and its project metadata (commonInstanceMetadata).
-        self._networks: dict[str, dict[str, catalog.Network]] = {}
-        self.project_metadata: dict[str, dict[str, str]] = {}
         self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
         self._pending_firewalls: set[tuple[str, str]] = set()
         self._in_flight = 0  # mutating requests being handled now
@@ -223,6 +221,11 @@ class FakeGce:
     def internal_errors(self) -> list[BaseException]:
         """Failures of operation threads that are no modelled API behaviour."""
         return self._world.internal_errors
+
+    @property
+    def project_metadata(self) -> dict[str, dict[str, str]]:
+        """Project -> its commonInstanceMetadata (key -> value), as projects.get shows it."""
+        return self._projects.metadata
 
     @property
     def _lock(self) -> threading.RLock:
@@ -374,29 +377,18 @@ class FakeGce:
 
     # -- projects, networks, reachability ------------------------------------------------
 
-    def _project(self, project: str) -> dict[str, catalog.Network]:
-        """The project's networks, made on its first request as GCE makes a
-        new project: the auto-mode `default` network and its default rules."""
+    def _add_default_firewalls(self, project: str) -> None:
+        """A new project's rules: GCE's four ``default-allow-*`` at 65534."""
         with self._lock:
-            networks = self._networks.get(project)
-            if networks is None:
-                regions = [z.rsplit("-", 1)[0] for z in self.zones]
-                networks = {"default": catalog.default_network(regions)}
-                self._networks[project] = networks
-                for rule in catalog.default_firewalls(project):
-                    self._firewalls.setdefault((project, rule["name"]), rule)
-                self.project_metadata.setdefault(project, {})
-            return networks
+            for rule in catalog.default_firewalls(project):
+                self._firewalls.setdefault((project, rule["name"]), rule)
 
     def add_network(
         self, name: str, subnets: Mapping[str, Sequence[str]], *, project: str = "fake-project",
         auto: bool = False,
     ) -> None:
-        """A VPC network: custom mode (``auto`` False) with ``subnets``
-        (region -> subnetwork names)."""
-        networks = self._project(project)
-        with self._lock:
-            networks[name] = catalog.Network(name, auto, {r: list(n) for r, n in subnets.items()})
+        """A VPC network: see ``Projects.add_network``."""
+        self._projects.add_network(name, subnets, project=project, auto=auto)
 
     def reachable(
         self, name: str, port: int, *, source_ip: str | None = None, source: str | None = None
@@ -424,45 +416,6 @@ class FakeGce:
             source_ip=source_ip,
             source_tags=tags,
         )
-
-    def _api_images_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        image = catalog.find_image(p["image_project"], f"projects/{p['image_project']}/global/images/"
-                                   f"{p['name']}")
-        return catalog.image_resource(image)
-
-    def _api_images_getFromFamily(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        image = catalog.find_image(
-            p["image_project"], f"projects/{p['image_project']}/global/images/family/{p['name']}"
-        )
-        return catalog.image_resource(image)
-
-    def _api_networks_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        with self._lock:
-            net = self._project(p["project"]).get(p["name"])
-            if net is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/networks/{p['name']}' was "
-                    "not found",
-                    "notFound",
-                )
-            return catalog.network_resource(p["project"], net)
-
-    def _api_projects_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        with self._lock:
-            items = [{"key": k, "value": v}
-                     for k, v in self.project_metadata.get(p["project"], {}).items()]
-        return {
-            "kind": "compute#project",
-            "id": identity.project_number(p["project"]),
-            "name": p["project"],
-            "commonInstanceMetadata": {
-                "kind": "compute#metadata", "fingerprint": fingerprint(items), "items": items,
-            },
-            "defaultNetworkTier": "PREMIUM",
-            "defaultServiceAccount": identity.default_account(p["project"]),
-            "selfLink": f"{API_ROOT}/projects/{p['project']}",
-        }
 
     def pending_stop(self, name: str, zone: str | None = None) -> None:
         """A stop waiting for the guest to shut down: PENDING_STOP, then
@@ -552,7 +505,7 @@ class FakeGce:
             return status, payload
         op, params = route
         if params.get("project"):
-            self._project(params["project"])
+            self._projects.networks(params["project"])
         name = params.get("name") or (body.get("name") if isinstance(body, dict) else None)
         call = Call(
             op, method, path, query, body, params.get("project"), params.get("zone"), name,
@@ -919,7 +872,7 @@ class FakeGce:
         if init.get("sourceImage"):
             image_gb = catalog.check_boot_disk(project, zone, machine_name, init).disk_gb
         for index, nic in enumerate(nics):
-            catalog.check_nic(project, zone, nic, index, self._project)
+            catalog.check_nic(project, zone, nic, index, self._projects.networks)
         labels = dict(body.get("labels") or {})
         _check_labels(labels)
         scheduling = {
@@ -1318,7 +1271,7 @@ class FakeGce:
 
     def _firewall_insert(self, project: str, body: Any) -> Any:
         resource = _firewall_resource(project, body)
-        catalog.check_firewall_network(project, body, self._project(project))
+        catalog.check_firewall_network(project, body, self._projects.networks(project))
         key = (project, resource["name"])
         with self._lock:
             if key in self._firewalls or key in self._pending_firewalls:
@@ -1373,7 +1326,9 @@ class FakeGce:
             else:
                 merged = {**given, "name": current["name"]}
             updated = _firewall_resource(p["project"], merged, keep=current)
-            catalog.check_firewall_network(p["project"], merged, self._project(p["project"]))
+            catalog.check_firewall_network(
+                p["project"], merged, self._projects.networks(p["project"])
+            )
             op = self._operations.new(p["project"], "global", kind, current)
             answer = copy.deepcopy(op.resource)
 
