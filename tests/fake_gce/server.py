@@ -90,6 +90,7 @@ from tests.fake_gce.api import (
 from tests.fake_gce.backend import InstanceBackend
 from tests.fake_gce.faults import Faults
 from tests.fake_gce.filters import FilterError, compile_filter
+from tests.fake_gce.firewalls import Firewalls
 from tests.fake_gce.operations import Operations
 from tests.fake_gce.projects import Projects
 from tests.fake_gce.world import DEFAULT_ZONES, Closing, Latency, World
@@ -132,14 +133,16 @@ class FakeGce:
         self._faults = Faults(self._world)
         # discovery name -> its handler, for the resources in parts of their own
         self._handlers: dict[str, Handler] = {**self._operations.handlers()}
-        self._projects = Projects(self._world, on_new=self._add_default_firewalls)
+        # Each needs the other: a new project gets the default rules, a rule
+        # is checked against its project's networks.
+        self._rules = Firewalls(self._world, self._operations, lambda p: self._projects.networks(p))
+        self._projects = Projects(self._world, on_new=self._rules.add_defaults)
         self._handlers.update(self._projects.handlers())
+        self._handlers.update(self._rules.handlers())
         self.calls: list[Call] = []
         self._host = host
         self._port = port
         self._instances: dict[tuple[str, str, str], _Instance] = {}
-        self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
-        self._pending_firewalls: set[tuple[str, str]] = set()
         self._in_flight = 0  # mutating requests being handled now
         self._idle = threading.Condition(self._lock)
         self._next_internal = 2
@@ -231,6 +234,11 @@ class FakeGce:
     def _lock(self) -> threading.RLock:
         """The one lock of every table (hold it to change a stored resource)."""
         return self._world.lock
+
+    @property
+    def _firewalls(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(project, name) -> the stored rule, to change one behind the API."""
+        return self._rules.rules
 
     # -- faults (faults.py) -----------------------------------------------------------
 
@@ -368,20 +376,9 @@ class FakeGce:
 
     def firewalls(self, *, defaults: bool = False) -> list[dict[str, Any]]:
         """The firewall rules; GCE's own default-allow-* only with ``defaults``."""
-        with self._lock:
-            return [
-                copy.deepcopy(f)
-                for (_, name), f in sorted(self._firewalls.items())
-                if defaults or not name.startswith("default-allow-")
-            ]
+        return self._rules.resources(defaults=defaults)
 
     # -- projects, networks, reachability ------------------------------------------------
-
-    def _add_default_firewalls(self, project: str) -> None:
-        """A new project's rules: GCE's four ``default-allow-*`` at 65534."""
-        with self._lock:
-            for rule in catalog.default_firewalls(project):
-                self._firewalls.setdefault((project, rule["name"]), rule)
 
     def add_network(
         self, name: str, subnets: Mapping[str, Sequence[str]], *, project: str = "fake-project",
@@ -397,25 +394,8 @@ class FakeGce:
         through the firewall rules: from the address ``source_ip`` (outside),
         or from the instance ``source`` (its internal IP and network tags)."""
         target = self.instance(name)
-        tags: list[str] = []
-        if source is not None:
-            other = self.instance(source)
-            source_ip = other["networkInterfaces"][0]["networkIP"]
-            tags = list(other["tags"]["items"])
-        assert source_ip is not None, "give source_ip or source"
-        # The rules of the network's project (a Shared VPC's host project).
-        network_url = target["networkInterfaces"][0]["network"]
-        project = network_url.split("/projects/", 1)[1].split("/", 1)[0]
-        with self._lock:
-            rules = [copy.deepcopy(f) for (p, _), f in self._firewalls.items() if p == project]
-        return catalog.ingress_allowed(
-            rules,
-            network=last(target["networkInterfaces"][0]["network"]),
-            target_tags=target["tags"]["items"],
-            port=port,
-            source_ip=source_ip,
-            source_tags=tags,
-        )
+        other = self.instance(source) if source is not None else None
+        return self._rules.reachable(target, port, source_ip=source_ip, source=other)
 
     def pending_stop(self, name: str, zone: str | None = None) -> None:
         """A stop waiting for the guest to shut down: PENDING_STOP, then
@@ -441,11 +421,7 @@ class FakeGce:
         threading.Thread(target=later, daemon=True, name=f"pending-stop-{name}").start()
 
     def firewall(self, name: str) -> dict[str, Any] | None:
-        with self._lock:
-            for (_, fw_name), fw in self._firewalls.items():
-                if fw_name == name:
-                    return copy.deepcopy(fw)
-        return None
+        return self._rules.find(name)
 
     def operations(self) -> list[dict[str, Any]]:
         return self._operations.resources()
@@ -1237,134 +1213,6 @@ class FakeGce:
         self._operations.spawn(op, work)
         return answer
 
-    # -- firewalls ----------------------------------------------------------------------
-
-    def _api_firewalls_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        with self._lock:
-            fw = self._firewalls.get((p["project"], p["name"]))
-            if fw is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/firewalls/{p['name']}' "
-                    "was not found",
-                    "notFound",
-                )
-            return copy.deepcopy(fw)
-
-    def _api_firewalls_list(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        match = compile_filter(query.get("filter"))
-        with self._lock:
-            items = [
-                copy.deepcopy(fw)
-                for (proj, _), fw in sorted(self._firewalls.items())
-                if proj == p["project"] and match(fw)
-            ]
-        return page("compute#firewallList", f"projects/{p['project']}/global/firewalls",
-                     items, query)
-
-    def _api_firewalls_insert(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        return self._operations.dedup(query, lambda: self._firewall_insert(p["project"], body))
-
-    def _firewall_insert(self, project: str, body: Any) -> Any:
-        resource = _firewall_resource(project, body)
-        catalog.check_firewall_network(project, body, self._projects.networks(project))
-        key = (project, resource["name"])
-        with self._lock:
-            if key in self._firewalls or key in self._pending_firewalls:
-                raise ApiError(
-                    409,
-                    f"The resource 'projects/{project}/global/firewalls/{resource['name']}' "
-                    "already exists",
-                    "alreadyExists",
-                )
-            self._pending_firewalls.add(key)
-            op = self._operations.new(project, "global", "insert", resource)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            try:
-                self._world.sleep(self.latency.firewall)
-                with self._lock:
-                    self._firewalls[key] = resource
-            finally:
-                with self._lock:
-                    self._pending_firewalls.discard(key)
-
-        self._operations.spawn(op, work)
-        return answer
-
-    def _api_firewalls_patch(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        """PATCH: the fields given replace theirs, the others stay."""
-        return self._firewall_change(p, body, "patch")
-
-    def _api_firewalls_update(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        """PUT: the rule becomes the body (a field left out is cleared)."""
-        return self._firewall_change(p, body, "update")
-
-    def _firewall_change(self, p: dict[str, str], body: Any, kind: str) -> Any:
-        key = (p["project"], p["name"])
-        with self._lock:
-            current = self._firewalls.get(key)
-            if current is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/firewalls/{p['name']}' "
-                    "was not found",
-                    "notFound",
-                )
-            given = {k: v for k, v in (body or {}).items() if k != "name"}
-            if kind == "patch":
-                merged = {**current, **given, "name": current["name"]}
-            else:
-                merged = {**given, "name": current["name"]}
-            updated = _firewall_resource(p["project"], merged, keep=current)
-            catalog.check_firewall_network(
-                p["project"], merged, self._projects.networks(p["project"])
-            )
-            op = self._operations.new(p["project"], "global", kind, current)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            self._world.sleep(self.latency.firewall)
-            with self._lock:
-                if key in self._firewalls:
-                    self._firewalls[key] = updated
-
-        self._operations.spawn(op, work)
-        return answer
-
-    def _api_firewalls_delete(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        key = (p["project"], p["name"])
-        with self._lock:
-            current = self._firewalls.get(key)
-            if current is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/firewalls/{p['name']}' "
-                    "was not found",
-                    "notFound",
-                )
-            op = self._operations.new(p["project"], "global", "delete", current)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            self._world.sleep(self.latency.firewall)
-            with self._lock:
-                self._firewalls.pop(key, None)
-
-        self._operations.spawn(op, work)
-        return answer
-
 
 # -- helpers -----------------------------------------------------------------------------
 
@@ -1422,104 +1270,6 @@ def _nic(project: str, zone: str, nic: Mapping[str, Any], index: int) -> dict[st
     if accesses:
         out["accessConfigs"] = accesses
     return out
-
-
-# The fields of the v1 Firewall resource: no `labels` (its description is
-# where a client can say whose it is); GCE refuses a field it does not know.
-_FIREWALL_FIELDS = frozenset(
-    {"kind", "id", "creationTimestamp", "name", "description", "network", "priority",
-     "sourceRanges", "destinationRanges", "sourceTags", "targetTags", "sourceServiceAccounts",
-     "targetServiceAccounts", "allowed", "denied", "direction", "logConfig", "disabled",
-     "selfLink", "params"}
-)  # fmt: skip
-
-
-def _firewall_resource(
-    project: str, body: Any, keep: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ApiError(400, "Required field 'resource' not specified", "required")
-    if unknown := sorted(set(body) - _FIREWALL_FIELDS):
-        raise ApiError(
-            400,
-            f'Invalid JSON payload received. Unknown name "{unknown[0]}" at \'resource\': '
-            "Cannot find field.",
-            "invalid",
-        )
-    name = body.get("name")
-    if not name or not NAME.match(name):
-        raise ApiError(400, f"Invalid value for field 'resource.name': '{name}'", "invalid")
-    allowed = body.get("allowed") or []
-    denied = body.get("denied") or []
-    if not allowed and not denied:
-        raise ApiError(
-            400, "Required field 'resource.allowed' or 'resource.denied' not specified",
-            "required",
-        )
-    if allowed and denied:
-        # One rule allows or denies, never both (the real API's 400).
-        raise ApiError(
-            400, "Invalid value for field 'resource': only one of 'allowed' or 'denied' "
-            "may be specified", "invalid",
-        )
-    priority = body.get("priority", 1000)
-    if not isinstance(priority, int) or not 0 <= priority <= 65535:
-        raise ApiError(
-            400, f"Invalid value for field 'resource.priority': '{priority}'. Must be "
-            "between 0 and 65535", "invalid",
-        )
-    for rule in [*allowed, *denied]:
-        if not rule.get("IPProtocol"):
-            raise ApiError(400, "Required field 'IPProtocol' not specified", "required")
-        for port in rule.get("ports") or []:
-            if not re.match(r"^\d+(-\d+)?$", str(port)):
-                raise ApiError(
-                    400, f"Invalid value for field 'ports': '{port}'", "invalid"
-                )
-    direction = body.get("direction") or "INGRESS"
-    source_ranges = list(body.get("sourceRanges") or [])
-    for cidr in source_ranges:
-        try:
-            ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            raise ApiError(
-                400, f"Invalid value for field 'resource.sourceRanges': '{cidr}'", "invalid"
-            ) from None
-    source_tags = list(body.get("sourceTags") or [])
-    if (
-        direction == "INGRESS"
-        and not source_ranges
-        and not source_tags
-        and not body.get("sourceServiceAccounts")
-    ):
-        # GCE's own default: an ingress rule with no source is open to the world.
-        source_ranges = ["0.0.0.0/0"]
-    resource: dict[str, Any] = {
-        "kind": "compute#firewall",
-        "id": keep["id"] if keep else resource_id(),
-        "creationTimestamp": keep["creationTimestamp"] if keep else now(),
-        "name": name,
-        "description": body.get("description", ""),
-        "network": network_url(project, body.get("network")),
-        "priority": priority,
-        "direction": direction,
-        "logConfig": {"enable": False},
-        "disabled": bool(body.get("disabled", False)),
-        "selfLink": f"{API_ROOT}/projects/{project}/global/firewalls/{name}",
-    }
-    if allowed:
-        resource["allowed"] = allowed
-    if denied:
-        resource["denied"] = denied
-    if source_ranges:
-        resource["sourceRanges"] = source_ranges
-    if source_tags:
-        resource["sourceTags"] = source_tags
-    if body.get("targetTags"):
-        resource["targetTags"] = list(body["targetTags"])
-    if body.get("destinationRanges"):
-        resource["destinationRanges"] = list(body["destinationRanges"])
-    return resource
 
 
 _P = r"^/compute/v1/projects/(?P<project>[^/]+)"
