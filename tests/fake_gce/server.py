@@ -72,31 +72,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from tests.fake_gce import catalog, identity
+from tests.fake_gce import catalog
 from tests.fake_gce.api import (
     API_ROOT,
-    NAME,
     ApiError,
     Call,
     Handler,
     OpFailure,
     fingerprint,
-    last,
-    network_url,
     now,
     page,
-    resource_id,
 )
 from tests.fake_gce.backend import InstanceBackend
 from tests.fake_gce.faults import Faults
 from tests.fake_gce.filters import FilterError, compile_filter
 from tests.fake_gce.firewalls import Firewalls
+from tests.fake_gce.instance_body import check_labels, instance_resource
 from tests.fake_gce.operations import Operations
 from tests.fake_gce.projects import Projects
 from tests.fake_gce.world import DEFAULT_ZONES, Closing, Latency, World
-
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
 @dataclass
@@ -658,7 +652,7 @@ class FakeGce:
         )
 
     def _insert(self, project: str, zone: str, body: Any) -> Any:
-        resource = self._instance_resource(project, zone, body)
+        resource = instance_resource(project, zone, body, self._projects.networks)
         key = (project, zone, resource["name"])
         with self._lock:
             if key in self._instances:
@@ -758,7 +752,10 @@ class FakeGce:
         for acc in props.get("guestAccelerators") or []:
             if "/" not in acc.get("acceleratorType", ""):
                 acc["acceleratorType"] = f"zones/{zone}/acceleratorTypes/{acc['acceleratorType']}"
-        resources = [self._instance_resource(project, zone, {**props, "name": n}) for n in names]
+        resources = [
+            instance_resource(project, zone, {**props, "name": n}, self._projects.networks)
+            for n in names
+        ]
         with self._lock:
             clash = [r["name"] for r in resources if (project, zone, r["name"]) in self._instances]
             if clash:
@@ -799,177 +796,6 @@ class FakeGce:
 
         self._operations.spawn(op, work)
         return answer
-
-    def _instance_resource(self, project: str, zone: str, body: Any) -> dict[str, Any]:
-        """Validate an insert body as GCE would; return the stored resource."""
-        if not isinstance(body, dict):
-            raise ApiError(400, "Required field 'resource' not specified", "required")
-        name = body.get("name")
-        if not name:
-            raise ApiError(400, "Required field 'resource.name' not specified", "required")
-        if not NAME.match(name):
-            raise ApiError(
-                400,
-                f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
-                "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
-                "invalid",
-            )
-        machine = body.get("machineType")
-        if not machine:
-            raise ApiError(400, "Required field 'resource.machineType' not specified", "required")
-        machine_name = last(machine)
-        if not re.match(r"^[a-z][a-z0-9]*-[a-z0-9-]+$", machine_name):
-            raise ApiError(
-                400,
-                f"Invalid value for field 'resource.machineType': '{machine}'. Machine type "
-                f"with name '{machine_name}' does not exist in zone '{zone}'.",
-                "invalid",
-            )
-        disks = body.get("disks") or []
-        boot = [d for d in disks if d.get("boot")]
-        if len(boot) != 1:
-            raise ApiError(400, "Exactly one boot disk must be specified", "invalid")
-        init = boot[0].get("initializeParams") or {}
-        if not init.get("sourceImage") and not boot[0].get("source"):
-            raise ApiError(
-                400, "Required field 'resource.disks[0].initializeParams.sourceImage' not "
-                "specified", "required",
-            )
-        nics = body.get("networkInterfaces") or []
-        if not nics:
-            raise ApiError(
-                400, "Required field 'resource.networkInterfaces' not specified", "required"
-            )
-        # What the zone offers, the family allows, the image and network need.
-        catalog.check_machine_and_gpus(
-            zone, machine_name, body.get("guestAccelerators") or [], project
-        )
-        image_gb = 10
-        if init.get("sourceImage"):
-            image_gb = catalog.check_boot_disk(project, zone, machine_name, init).disk_gb
-        for index, nic in enumerate(nics):
-            catalog.check_nic(project, zone, nic, index, self._projects.networks)
-        labels = dict(body.get("labels") or {})
-        _check_labels(labels)
-        scheduling = {
-            "onHostMaintenance": "MIGRATE",
-            "automaticRestart": True,
-            "preemptible": False,
-            "provisioningModel": "STANDARD",
-            **(body.get("scheduling") or {}),
-        }
-        spot = scheduling["provisioningModel"] == "SPOT" or scheduling["preemptible"]
-        if spot:
-            if "onHostMaintenance" not in (body.get("scheduling") or {}):
-                scheduling["onHostMaintenance"] = "TERMINATE"
-            if scheduling["automaticRestart"]:
-                raise ApiError(
-                    400,
-                    "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. "
-                    "Preemptible and Spot VMs do not support automatic restart.",
-                    "invalid",
-                )
-            if scheduling["onHostMaintenance"] != "TERMINATE":
-                raise ApiError(
-                    400,
-                    "Invalid value for field 'resource.scheduling.onHostMaintenance': "
-                    f"'{scheduling['onHostMaintenance']}'. Spot VMs must terminate on host "
-                    "maintenance.",
-                    "invalid",
-                )
-        accelerators = body.get("guestAccelerators") or []
-        builtin = catalog.BUILTIN_GPUS.get(machine_name)
-        if (accelerators or builtin) and scheduling["onHostMaintenance"] != "TERMINATE":
-            raise ApiError(
-                400,
-                "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. "
-                "Instances with guest accelerators do not support live migration.",
-                "invalid",
-            )
-        metadata_items = list((body.get("metadata") or {}).get("items") or [])
-        zone_url = f"{API_ROOT}/projects/{project}/zones/{zone}"
-        disk_type = init.get("diskType") or f"zones/{zone}/diskTypes/pd-standard"
-        resource: dict[str, Any] = {
-            "kind": "compute#instance",
-            "id": resource_id(),
-            "creationTimestamp": now(),
-            "name": name,
-            "description": body.get("description", ""),
-            "tags": {
-                "items": list((body.get("tags") or {}).get("items") or []),
-                "fingerprint": fingerprint((body.get("tags") or {}).get("items") or []),
-            },
-            "machineType": f"{zone_url}/machineTypes/{machine_name}",
-            "status": "PROVISIONING",
-            "zone": zone_url,
-            "canIpForward": bool(body.get("canIpForward", False)),
-            "networkInterfaces": [
-                _nic(project, zone, nic, index) for index, nic in enumerate(nics)
-            ],
-            "disks": [
-                {
-                    "kind": "compute#attachedDisk",
-                    "type": "PERSISTENT",
-                    "mode": "READ_WRITE",
-                    "source": f"{zone_url}/disks/{init.get('diskName') or name}",
-                    "deviceName": boot[0].get("deviceName") or name,
-                    "index": 0,
-                    "boot": True,
-                    "autoDelete": bool(boot[0].get("autoDelete", False)),
-                    "interface": "SCSI",
-                    "diskSizeGb": str(init.get("diskSizeGb") or image_gb),
-                    # Not in the real attachedDisk; kept so tests can check the request.
-                    "x-fake-diskType": disk_type,
-                    "x-fake-sourceImage": init.get("sourceImage") or "",
-                }
-            ],
-            "metadata": {
-                "kind": "compute#metadata",
-                "fingerprint": fingerprint(metadata_items),
-                "items": metadata_items,
-            },
-            "selfLink": f"{zone_url}/instances/{name}",
-            "scheduling": scheduling,
-            "cpuPlatform": "Intel Broadwell",
-            "labels": labels,
-            "labelFingerprint": fingerprint(labels),
-            "startRestricted": False,
-            "deletionProtection": bool(body.get("deletionProtection", False)),
-            "fingerprint": fingerprint(name),
-        }
-        for index in range(catalog.LOCAL_SSD_DISKS.get(machine_name, 0)):
-            # The Local SSD the machine type comes with, as GCE lists it.
-            resource["disks"].append({
-                "kind": "compute#attachedDisk",
-                "type": "SCRATCH",
-                "mode": "READ_WRITE",
-                "deviceName": f"local-ssd-{index}",
-                "index": index + 1,
-                "boot": False,
-                "autoDelete": True,
-                "interface": "NVME",
-                "diskSizeGb": "375",
-            })
-        if builtin:
-            # The instance lists the GPUs its machine type comes with.
-            kind, count = builtin
-            resource["guestAccelerators"] = [
-                {"acceleratorType": f"{zone_url}/acceleratorTypes/{kind}",
-                 "acceleratorCount": count}
-            ]
-        if accelerators:
-            resource["guestAccelerators"] = [
-                {
-                    "acceleratorType": f"{zone_url}/acceleratorTypes/"
-                    f"{last(a.get('acceleratorType'))}",
-                    "acceleratorCount": int(a.get("acceleratorCount") or 1),
-                }
-                for a in accelerators
-            ]
-        accounts = identity.service_accounts(project, body.get("serviceAccounts"))
-        if accounts:
-            resource["serviceAccounts"] = accounts
-        return resource
 
     def _internal_ip(self) -> str:
         with self._lock:
@@ -1164,7 +990,7 @@ class FakeGce:
         inst = self._instance(p["project"], p["zone"], p["name"])
         body = body or {}
         labels = dict(body.get("labels") or {})
-        _check_labels(labels)
+        check_labels(labels)
         with self._lock:
             if body.get("labelFingerprint") != inst.resource["labelFingerprint"]:
                 raise ApiError(
@@ -1212,64 +1038,6 @@ class FakeGce:
 
         self._operations.spawn(op, work)
         return answer
-
-
-# -- helpers -----------------------------------------------------------------------------
-
-
-def _check_labels(labels: Mapping[str, Any]) -> None:
-    if len(labels) > 64:
-        raise ApiError(400, "Too many labels (at most 64)", "invalid")
-    for key, value in labels.items():
-        if not _LABEL_KEY.match(str(key)):
-            raise ApiError(
-                400, f"Invalid value for field 'labels': key '{key}' is not a valid label key",
-                "invalid",
-            )
-        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-            raise ApiError(
-                400,
-                f"Invalid value for field 'labels': value '{value}' of label '{key}' is not "
-                "valid; use lowercase letters, digits, '_' and '-'",
-                "invalid",
-            )
-
-
-def _nic(project: str, zone: str, nic: Mapping[str, Any], index: int) -> dict[str, Any]:
-    region = zone.rsplit("-", 1)[0]
-    subnetwork = nic.get("subnetwork")
-    if subnetwork and not subnetwork.startswith("https://"):
-        if subnetwork.startswith("projects/"):
-            subnetwork = f"{API_ROOT}/{subnetwork}"
-        else:
-            if "/" not in subnetwork:
-                subnetwork = f"regions/{region}/subnetworks/{subnetwork}"
-            subnetwork = f"{API_ROOT}/projects/{project}/{subnetwork}"
-    network = network_url(project, nic.get("network"))
-    out: dict[str, Any] = {
-        "kind": "compute#networkInterface",
-        "name": f"nic{index}",
-        "network": network,
-        "subnetwork": subnetwork
-        or f"{API_ROOT}/projects/{project}/regions/{region}/subnetworks/{last(network)}",
-        "fingerprint": fingerprint([index, network]),
-        "stackType": "IPV4_ONLY",
-    }
-    accesses = []
-    for access in nic.get("accessConfigs") or []:
-        entry = {
-            "kind": "compute#accessConfig",
-            "type": access.get("type", "ONE_TO_ONE_NAT"),
-            "name": access.get("name", "External NAT"),
-            "networkTier": access.get("networkTier", "PREMIUM"),
-        }
-        if access.get("natIP"):
-            # A reserved static address stays through stop and start.
-            entry["x-fake-static"] = access["natIP"]
-        accesses.append(entry)
-    if accesses:
-        out["accessConfigs"] = accesses
-    return out
 
 
 _P = r"^/compute/v1/projects/(?P<project>[^/]+)"
