@@ -55,6 +55,10 @@ from tests.fake_gce.world import DEFAULT_ZONES, Latency, World
 
 
 class FakeGce:
+    """The fake Compute API on a loopback port (``start`` or ``with``; then
+    ``endpoint``). What a test may do to it or ask of it is here; each
+    method hands over to the part that owns the resource."""
+
     def __init__(
         self,
         *,
@@ -236,6 +240,7 @@ class FakeGce:
         return self._lifecycle.guest_shutdown(name, zone)
 
     def suspend(self, name: str, zone: str | None = None) -> None:
+        """The instance is SUSPENDED (as ``instances.suspend`` leaves it)."""
         self._lifecycle.suspend(name, zone)
 
     def remove_instance(self, name: str, zone: str | None = None) -> None:
