@@ -21,8 +21,8 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from tests.fake_gce import Addresses, ApiError, Call, FakeGce, InstanceBackend, Latency
+from tests.fake_gce.backend import generated_host_key
 from tests.fake_gce.filters import FilterError, compile_filter
-from tests.fake_gce.server import generated_host_key
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
 

@@ -13,7 +13,7 @@ import argparse
 import signal
 import sys
 
-from tests.fake_gce.server import FakeGce, Latency
+from tests.fake_gce import FakeGce, Latency
 
 
 def main() -> int:

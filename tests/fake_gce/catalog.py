@@ -8,8 +8,8 @@ The fake refuses the same, from these tables (a subset of the real ones,
 with the same shape): machine families, the machine types and GPU types
 each zone offers, public images with their sizes, and networks.
 
-Kept apart from ``server.py``: pure data and pure checks that raise
-``Refusal`` (the server turns it into its HTTP error), so a test can read
+Kept apart from the resource modules: pure data and pure checks that raise
+``Refusal`` (front.py turns it into its HTTP error), so a test can read
 the very table the fake judges by.
 """
 

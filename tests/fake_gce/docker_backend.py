@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.fake_gce.server import Addresses, InstanceBackend
+from tests.fake_gce.backend import Addresses, InstanceBackend
 
 # PID 1's name (/proc/1/comm) until the node image's entrypoint execs sshd.
 ENTRYPOINT = "tfcluster-entrypoint"[:15]  # comm keeps 15 characters

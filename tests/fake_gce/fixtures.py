@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from infra.config import ClusterConfig, parse_config
-from tests.fake_gce.server import FakeGce, Latency
+from tests.fake_gce import FakeGce, Latency
 
 # Small but non-zero: states are observable and operations really overlap.
 FAST = Latency(

@@ -3,331 +3,62 @@
 ``FakeGce`` is a ``ThreadingHTTPServer`` on a loopback port that speaks the
 JSON of the real API: instances (insert, bulkInsert, get, list,
 aggregatedList, start, stop, resume, delete, setLabels, setMetadata,
-getGuestAttributes),
-firewalls (insert, get, list, patch, update, delete) and zone/global operations
-(get, wait). Point a client at it with
-``ClientOptions(api_endpoint=fake.endpoint)`` and ``AnonymousCredentials()``.
+getGuestAttributes), firewalls (insert, get, list, patch, update, delete),
+images, networks and projects (get), and zone/global operations (get,
+wait). Point a client at it with ``ClientOptions(api_endpoint=fake.endpoint)``
+and ``AnonymousCredentials()``.
 
-What it models, because the provider depends on it:
+``FakeGce`` is the facade tests hold; each resource is a part of its own,
+in a module that says what it models:
 
-* Operations are resources of their own: a mutating call answers 200 with
-  an Operation (status RUNNING) at once; the work happens on a thread and
-  the Operation becomes DONE, with ``error.errors[].code`` and
-  ``httpErrorStatusCode`` when it failed (stockout, quota). ``wait`` blocks
-  until DONE or ``wait_max_s``, as the real one does for up to 2 minutes.
-* Instance states move PROVISIONING -> STAGING -> RUNNING (the insert
-  operation is DONE at STAGING, so a client must still wait for RUNNING),
-  STAGING -> RUNNING on start, STOPPING -> TERMINATED on stop and
-  STOPPING -> gone on delete, each with the latency in ``Latency``.
-  Operations on one instance run one after another, as GCE serialises them.
-* networkIP is assigned at create (10.128.x.y) and kept; natIP (TEST-NET-3,
-  203.0.113.x, never contacted) is assigned when the instance runs, dropped
-  when it stops, and is a new one after each start.
-* Guest attributes: with ``enable-guest-attributes=TRUE`` in its metadata, a
-  RUNNING instance's guest agent publishes its SSH host keys under
-  ``hostkeys/<type>`` = base64 (what ``InstanceBackend.host_keys`` says),
-  ``Latency.host_keys`` seconds after it runs; until then, when disabled
-  or stopped, ``getGuestAttributes`` answers 404.
-* Errors have the real shape ``{"error": {"code", "message", "errors":
-  [{"message", "domain", "reason"}]}}``: 404 notFound, 409 alreadyExists,
-  400 invalid (an unknown zone too) or badRequest, 412 conditionNotMet
-  (label / metadata fingerprints), 403 quotaExceeded, 503 backendError.
-* Machine types that come with Local SSD (``catalog.LOCAL_SSD_DISKS``)
-  list it as SCRATCH disks, and ``stop`` refuses them without
-  ``discardLocalSsd`` as GCE does.
-
-* What is offered (``catalog.py``): an insert is refused as GCE refuses it
-  when its machine type or GPU is not in the zone, its GPUs do not fit the
-  machine family or count, its boot disk is smaller than its image or of a
-  type the family cannot use, or its network is custom-mode without a
-  subnetwork of the zone's region. ``images.get``/``getFromFamily``,
-  ``networks.get`` and ``projects.get`` (commonInstanceMetadata:
-  ``project_metadata``) answer from the same tables. Each project starts
-  with the auto-mode ``default`` network and GCE's four ``default-allow-*``
-  rules at 65534; ``reachable`` evaluates the rules as GCE does.
+* front.py        routes, request parsing, the call log, errors as GCE writes them
+* operations.py   Operations: RUNNING at once, DONE when the work is; ``wait``
+* instances.py    the instance table; get, list, aggregatedList, setLabels, setMetadata
+* inserts.py      insert, bulkInsert: PROVISIONING -> STAGING -> RUNNING
+* instance_body.py  an insert body checked as GCE checks it; the stored resource
+* lifecycle.py    stop, start, resume, delete; preemption and the like outside the API
+* addresses.py    networkIP at create; an ephemeral natIP while it runs
+* guest.py        guest attributes (the host keys the guest agent publishes)
+* firewalls.py    firewall rules, their checks, GCE's default rules, ``reachable``
+* projects.py     networks, project metadata, images, projects.get
+* faults.py       injected faults: HTTP errors, stockouts, quota, hooks
+* catalog.py, identity.py, filters.py  what is offered, who runs, list filters
+* backend.py      what an instance *is* (``InstanceBackend``; docker_backend.py)
+* world.py        what the parts share: the lock, ``Latency``, the backend
 
 Faults are injected per call (``fail``, ``stockout``, ``quota_exceeded``,
-``hook``) and by hand (``preempt``, ``suspend``, ``remove_instance``).
+``hook``) and by hand (``preempt``, ``suspend``, ``remove_instance``...).
 Every request is in ``calls`` for assertions such as "a dry run made no
 mutating call".
-
-What an instance *is* is up to an ``InstanceBackend``: the default keeps
-nothing but the addresses the fake hands out; a backend whose instances are
-containers answers ``on_create`` with the container's address.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import copy
-import hashlib
-import ipaddress
-import json
-import re
-import secrets
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
-from tests.fake_gce import catalog, identity
-from tests.fake_gce.filters import FilterError, compile_filter
-
-# selfLinks name Google's endpoint, as the real API's do, whatever the
-# endpoint the client used: clients must not depend on them being fetchable.
-API_ROOT = "https://www.googleapis.com/compute/v1"
-
-DEFAULT_ZONES = (
-    "us-central1-a",
-    "us-central1-b",
-    "us-central1-c",
-    "us-central1-f",
-    "europe-west1-b",
-)
-
-# Calls that change something; everything else only reads (operations.wait
-# is a POST but changes nothing).
-MUTATING = frozenset(
-    {
-        "instances.insert",
-        "instances.bulkInsert",
-        "instances.delete",
-        "instances.start",
-        "instances.stop",
-        "instances.resume",
-        "instances.setLabels",
-        "instances.setMetadata",
-        "firewalls.insert",
-        "firewalls.patch",
-        "firewalls.update",
-        "firewalls.delete",
-    }
-)
-
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-
-
-# -- configuration ---------------------------------------------------------------------
-
-
-@dataclass
-class Latency:
-    """Seconds each state lasts. Mutable: a test may change it between calls."""
-
-    provision: float = 0.0  # PROVISIONING after insert; the insert operation ends with it
-    staging: float = 0.0  # STAGING after create, before RUNNING
-    start: float = 0.0  # STAGING after start; the start operation ends at RUNNING
-    stop: float = 0.0  # STOPPING before TERMINATED
-    delete: float = 0.0  # STOPPING before the instance is gone
-    firewall: float = 0.0  # any firewall operation
-    metadata: float = 0.0  # setLabels / setMetadata operations
-    host_keys: float = 0.0  # RUNNING before the guest agent publishes its host keys
-    # Instance name -> its own PROVISIONING time (a slow node among fast ones).
-    per_instance: dict[str, float] = field(default_factory=dict)
-
-    def provision_of(self, name: str) -> float:
-        return self.per_instance.get(name, self.provision)
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """What a backend says an instance's addresses are; None: the fake picks."""
-
-    network_ip: str | None = None
-    nat_ip: str | None = None
-
-
-class InstanceBackend:
-    """What an instance is. Called on the fake's operation threads (never
-    with the fake's lock held, so a hook may take seconds, e.g. to start a
-    container) with a deep copy of the instance resource as the API shows
-    it (``name``, ``zone`` URL, ``labels``, ``metadata.items`` with the
-    ``ssh-keys`` a guest agent would install, ``networkInterfaces``...).
-
-    A hook that raises fails the operation with INTERNAL_ERROR and is
-    recorded in ``FakeGce.internal_errors``.
-    """
-
-    def on_create(self, instance: dict[str, Any]) -> Addresses:
-        """The instance is being provisioned; return its addresses."""
-        return Addresses()
-
-    def on_start(self, instance: dict[str, Any]) -> Addresses:
-        """A stopped instance starts; return its (new) addresses."""
-        return Addresses()
-
-    def on_stop(self, instance: dict[str, Any]) -> None:
-        """The instance stops (``stop``, or preempted)."""
-
-    def on_delete(self, instance: dict[str, Any]) -> None:
-        """The instance is deleted (its boot disk with it)."""
-
-    def on_metadata(self, instance: dict[str, Any]) -> None:
-        """``setMetadata`` changed the metadata (new ``ssh-keys``, say)."""
-
-    def host_keys(self, instance: dict[str, Any]) -> list[str]:
-        """The public host keys (``<type> <base64>`` lines) the guest agent
-        of this running instance publishes; [] while it has none. Default:
-        one generated ed25519 key per instance id (``generated_host_key``),
-        kept across stop and start as a disk keeps /etc/ssh. Called on the
-        HTTP threads, without the fake's lock."""
-        return [generated_host_key(instance["id"])[1]]
-
-    def watch(self, guest_stopped: Callable[[str], object]) -> None:
-        """Call ``guest_stopped(instance name)`` whenever an instance's
-        guest stops by itself (a shutdown inside it); what it returns is
-        ignored (``FakeGce.guest_shutdown`` says whether it was RUNNING).
-        Default: guests never do."""
-
-    def close(self) -> None:
-        """The fake shuts down: release everything still held."""
-
-
-@dataclass
-class Call:
-    """One request as the fake saw it."""
-
-    op: str  # discovery name, for example "instances.insert"
-    method: str
-    path: str
-    query: dict[str, str]
-    body: Any
-    project: str | None
-    zone: str | None
-    name: str | None  # the instance / firewall / operation named in the path or body
-    authorization: str | None
-    status: int = 0  # the HTTP status the fake answered
-
-    @property
-    def mutating(self) -> bool:
-        return self.op in MUTATING
-
-
-class ApiError(Exception):
-    """An HTTP error answer, in the real API's shape."""
-
-    def __init__(self, status: int, message: str, reason: str, domain: str = "global") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.reason = reason
-        self.domain = domain
-
-    def payload(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "code": self.status,
-                "message": self.message,
-                "errors": [
-                    {"message": self.message, "domain": self.domain, "reason": self.reason}
-                ],
-            }
-        }
-
-
-class OpFailure(Exception):
-    """How an operation ends when it fails (its ``error`` field)."""
-
-    def __init__(
-        self, code: str, message: str, http_status: int = 400, http_message: str = "BAD REQUEST"
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
-        self.http_message = http_message
-
-
-class _Closing(Exception):
-    """The fake is shutting down: operation threads end quietly."""
-
-
-@dataclass
-class _HttpFault:
-    op: str
-    status: int
-    reason: str
-    message: str
-    remaining: int | None
-    name: str | None
-    zone: str | None
-
-
-@dataclass
-class _ZoneFault:
-    zone: str | None  # None: every zone
-    ops: tuple[str, ...]  # "insert", "bulkInsert", "start"
-    code: str
-    message: str
-    http_status: int
-    http_message: str
-    after: int  # this many calls succeed first
-    remaining: int | None  # failures left; None: for ever
-    leave_instance: bool  # a half-created TERMINATED instance stays behind
-    http: bool  # answer the call itself with an HTTP error instead
-    http_reason: tuple[str, str] = ("backendError", "global")  # its (reason, domain)
-
-
-@dataclass
-class _Hook:
-    op: str
-    fn: Callable[[Call], None]
-    name: str | None
-    remaining: int | None
-
-
-@dataclass
-class _Instance:
-    project: str
-    zone: str
-    name: str
-    resource: dict[str, Any]
-    # Operations on one instance run one at a time, in order.
-    op_lock: threading.Lock = field(default_factory=threading.Lock)
-    deleted: bool = False
-    backend_created: bool = False
-    running_since: float | None = None  # monotonic time it last became RUNNING
-    # Set by tests (``set_guest_attribute``): path -> value, over the backend's.
-    guest_attributes: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _Operation:
-    project: str
-    scope: str  # "zones/<zone>" or "global"
-    resource: dict[str, Any]
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _fingerprint(value: Any) -> str:
-    digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
-    return base64.b64encode(digest[:8]).decode()
-
-
-def _last(url: str | None) -> str:
-    return (url or "").rstrip("/").rsplit("/", 1)[-1]
-
-
-def _resource_id() -> str:
-    return str(secrets.randbelow(10**19 - 10**18) + 10**18)
-
-
-# -- the fake ------------------------------------------------------------------------------
+from tests.fake_gce.addresses import AddressPool
+from tests.fake_gce.api import Call
+from tests.fake_gce.backend import InstanceBackend
+from tests.fake_gce.faults import Faults
+from tests.fake_gce.firewalls import Firewalls
+from tests.fake_gce.front import Front
+from tests.fake_gce.guest import GuestAttributes
+from tests.fake_gce.inserts import Inserts
+from tests.fake_gce.instances import Instances
+from tests.fake_gce.lifecycle import Lifecycle
+from tests.fake_gce.operations import Operations
+from tests.fake_gce.projects import Projects
+from tests.fake_gce.world import DEFAULT_ZONES, Latency, World
 
 
 class FakeGce:
+    """The fake Compute API on a loopback port (``start`` or ``with``; then
+    ``endpoint``). What a test may do to it or ask of it is here; each
+    method hands over to the part that owns the resource."""
+
     def __init__(
         self,
         *,
@@ -338,46 +69,37 @@ class FakeGce:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        self.latency = latency or Latency()
-        self.backend = backend or InstanceBackend()
-        self.zones = list(zones)
-        self.wait_max_s = wait_max_s
-        self.calls: list[Call] = []
-        # Exceptions on operation threads that are not modelled API
-        # behaviour (a backend hook failed, a bug here): tests assert none.
-        self.internal_errors: list[BaseException] = []
+        world = World(latency or Latency(), backend or InstanceBackend(), zones, wait_max_s)
+        self._world = world
         self._host = host
         self._port = port
-        self._lock = threading.RLock()
-        self._closing = threading.Event()
-        self._instances: dict[tuple[str, str, str], _Instance] = {}
-        # Per project, made on first use (see ``_project``): its networks
-        # (the auto-mode `default` one, with GCE's four default firewall
-        # rules) and its project metadata (commonInstanceMetadata).
-        self._networks: dict[str, dict[str, catalog.Network]] = {}
-        self.project_metadata: dict[str, dict[str, str]] = {}
-        self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
-        self._pending_firewalls: set[tuple[str, str]] = set()
-        self._operations: dict[tuple[str, str, str], _Operation] = {}
-        self._request_ids: dict[str, dict[str, Any]] = {}
-        self._http_faults: list[_HttpFault] = []
-        self._zone_faults: list[_ZoneFault] = []
-        self._hooks: list[_Hook] = []
-        self._zone_successes: dict[tuple[str, str], int] = {}
-        self._threads: list[threading.Thread] = []
-        self._in_flight = 0  # mutating requests being handled now
-        self._idle = threading.Condition(self._lock)
-        self._next_internal = 2
-        self._next_nat = 10
+        self._operations = Operations(world)
+        self._faults = Faults(world)
+        # Each needs the other: a new project gets the default rules, a rule
+        # is checked against its project's networks.
+        self._rules = Firewalls(world, self._operations, lambda p: self._projects.networks(p))
+        self._projects = Projects(world, on_new=self._rules.add_defaults)
+        self._instances = Instances(world, self._operations)
+        addresses = AddressPool(world, self._instances.nat_ips)
+        self._inserts = Inserts(
+            world, self._instances, self._operations, self._faults, addresses,
+            self._projects.networks,
+        )
+        self._lifecycle = Lifecycle(
+            world, self._instances, self._operations, self._faults, addresses
+        )
+        self._guest = GuestAttributes(world, self._instances)
+        parts = (self._operations, self._rules, self._projects, self._instances,
+                 self._inserts, self._lifecycle, self._guest)
+        handlers = {op: fn for part in parts for op, fn in part.handlers().items()}
+        self._front = Front(world, self._faults, handlers, self._projects.networks)
         self._server: ThreadingHTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
 
     # -- lifetime -------------------------------------------------------------------
 
     def start(self) -> FakeGce:
-        server = ThreadingHTTPServer((self._host, self._port), _Handler)
-        server.daemon_threads = True
-        server.fake = self  # type: ignore[attr-defined]
+        server = self._front.listen(self._host, self._port)
         self._server = server
         self._serve_thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
@@ -388,13 +110,12 @@ class FakeGce:
         return self
 
     def stop(self) -> None:
-        self._closing.set()
+        self._world.closing.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-        for thread in list(self._threads):
-            thread.join(timeout=5)
+        self._operations.join(timeout=5)
         self.backend.close()
 
     def __enter__(self) -> FakeGce:
@@ -412,7 +133,43 @@ class FakeGce:
             host = host.decode()
         return f"http://{host}:{port}"
 
-    # -- faults ---------------------------------------------------------------------
+    # -- settings a test may change between calls -------------------------------------
+
+    @property
+    def latency(self) -> Latency:
+        return self._world.latency
+
+    @latency.setter
+    def latency(self, value: Latency) -> None:
+        self._world.latency = value
+
+    @property
+    def backend(self) -> InstanceBackend:
+        return self._world.backend
+
+    @backend.setter
+    def backend(self, value: InstanceBackend) -> None:
+        self._world.backend = value
+
+    @property
+    def wait_max_s(self) -> float:
+        """The longest an ``operations.wait`` blocks."""
+        return self._world.wait_max_s
+
+    @wait_max_s.setter
+    def wait_max_s(self, value: float) -> None:
+        self._world.wait_max_s = value
+
+    @property
+    def zones(self) -> list[str]:
+        return self._world.zones
+
+    @property
+    def project_metadata(self) -> dict[str, dict[str, str]]:
+        """Project -> its commonInstanceMetadata (key -> value), as projects.get shows it."""
+        return self._projects.metadata
+
+    # -- faults (faults.py) -----------------------------------------------------------
 
     def fail(
         self,
@@ -425,36 +182,10 @@ class FakeGce:
         name: str | None = None,
         zone: str | None = None,
     ) -> None:
-        """Answer the next ``times`` calls of ``op`` (optionally only for one
-        instance name or zone) with an HTTP error; ``times=None``: always."""
-        reasons = {
-            400: "invalid",
-            401: "authError",
-            403: "forbidden",
-            404: "notFound",
-            409: "alreadyExists",
-            429: "rateLimitExceeded",
-            500: "backendError",
-            503: "backendError",
-        }
-        messages = {
-            401: "Request is missing required authentication credential.",
-            429: "Rate Limit Exceeded",
-            500: "Internal error. Please try again or contact Google Support.",
-            503: "The service is currently unavailable.",
-        }
-        with self._lock:
-            self._http_faults.append(
-                _HttpFault(
-                    op,
-                    status,
-                    reason or reasons.get(status, "error"),
-                    message or messages.get(status, f"fake error {status}"),
-                    times,
-                    name,
-                    zone,
-                )
-            )
+        """An HTTP error for the next calls of ``op``: see ``Faults.fail``."""
+        self._faults.fail(
+            op, status, times=times, reason=reason, message=message, name=name, zone=zone
+        )
 
     def stockout(
         self,
@@ -467,31 +198,11 @@ class FakeGce:
         ops: Sequence[str] = ("insert", "bulkInsert"),
         http: bool = False,
     ) -> None:
-        """Creates in ``zone`` (None: all) end with a stockout in their
-        operation, after ``after`` successful ones. The instance shows up
-        PROVISIONING and vanishes, as on GCE; ``leave_instance`` keeps it,
-        TERMINATED, to exercise a client's cleanup. ``http``: the call itself
-        is answered HTTP 503 with the message (GCE answers some stockouts so:
-        StanfordBioinformatics/loom#463 saw the bare message from an insert;
-        no report shows that answer's `reason`, the fake says backendError)."""
-        where = f"projects/{{project}}/zones/{zone or '{zone}'}"
-        if code.endswith("_WITH_DETAILS"):
-            message = (
-                f"The zone '{where}' does not have enough resources available to fulfill "
-                "the request.  '(resource type:compute)'."
-            )
-        else:
-            message = (
-                f"The zone '{where}' does not have enough resources available to fulfill "
-                "the request.  Try a different zone, or try again later."
-            )
-        with self._lock:
-            self._zone_faults.append(
-                _ZoneFault(
-                    zone, tuple(ops), code, message, 503, "SERVICE UNAVAILABLE", after, times,
-                    leave_instance, http,
-                )
-            )
+        """Creates in ``zone`` run out of capacity: see ``Faults.stockout``."""
+        self._faults.stockout(
+            zone, code=code, after=after, times=times, leave_instance=leave_instance, ops=ops,
+            http=http,
+        )
 
     def quota_exceeded(
         self,
@@ -501,17 +212,8 @@ class FakeGce:
         http: bool = False,
         times: int | None = None,
     ) -> None:
-        """Creates in ``zone`` (None: all) exceed a regional quota: in the
-        operation (QUOTA_EXCEEDED), or with ``http`` as a 403 answer."""
-        region = zone.rsplit("-", 1)[0] if zone else "the region"
-        message = f"Quota '{metric}' exceeded.  Limit: 8.0 in region {region}."
-        with self._lock:
-            self._zone_faults.append(
-                _ZoneFault(
-                    zone, ("insert", "bulkInsert"), "QUOTA_EXCEEDED", message, 403, "FORBIDDEN",
-                    0, times, False, http, ("quotaExceeded", "usageLimits"),
-                )
-            )
+        """Creates in ``zone`` exceed a quota: see ``Faults.quota_exceeded``."""
+        self._faults.quota_exceeded(zone, metric=metric, http=http, times=times)
 
     def hook(
         self,
@@ -521,126 +223,61 @@ class FakeGce:
         name: str | None = None,
         times: int | None = 1,
     ) -> None:
-        """Call ``fn(call)`` on the server thread when a matching request
-        arrives, before it is handled (to interrupt a client mid-way, say).
-        If ``fn`` raises ``ApiError``, that is the answer."""
-        with self._lock:
-            self._hooks.append(_Hook(op, fn, name, times))
+        """``fn(call)`` runs when ``op`` arrives: see ``Faults.hook``."""
+        self._faults.hook(op, fn, name=name, times=times)
 
     def clear_faults(self) -> None:
-        with self._lock:
-            self._http_faults.clear()
-            self._zone_faults.clear()
-            self._hooks.clear()
+        self._faults.clear()
 
-    # -- things that happen outside the API -------------------------------------------
+    # -- things that happen outside the API (lifecycle.py) ------------------------------
 
     def preempt(self, name: str, zone: str | None = None) -> None:
-        """GCE reclaims a Spot VM: TERMINATED at once, external IP gone, and a
-        ``compute.instances.preempted`` operation in the zone."""
-        inst = self._find(name, zone)
-        with self._lock:
-            res = inst.resource
-            res["status"] = "TERMINATED"
-            res["lastStopTimestamp"] = _now()
-            self._drop_nat(res)
-            snapshot = copy.deepcopy(res)
-            op = self._new_operation(
-                inst.project, f"zones/{inst.zone}", "compute.instances.preempted", res
-            )
-        self.backend.on_stop(snapshot)
-        self._finish(op)
+        """GCE reclaims a Spot VM: see ``Lifecycle.preempt``."""
+        self._lifecycle.preempt(name, zone)
 
     def guest_shutdown(self, name: str, zone: str | None = None) -> bool:
-        """The guest powered itself off (``shutdown -h now`` inside it): GCE
-        makes the instance TERMINATED (disks kept, external IP gone) and
-        records a ``compute.instances.guestTerminate`` operation. False
-        when it was not RUNNING: a stop, delete or preemption of the API
-        had stopped the guest."""
-        try:
-            inst = self._find(name, zone)
-        except KeyError:
-            return False
-        with self._lock:
-            res = inst.resource
-            if inst.deleted or res["status"] != "RUNNING":
-                return False
-            res["status"] = "TERMINATED"
-            res["lastStopTimestamp"] = _now()
-            self._drop_nat(res)
-            op = self._new_operation(
-                inst.project, f"zones/{inst.zone}", "compute.instances.guestTerminate", res
-            )
-        self._finish(op)
-        return True
+        """The guest powered itself off: see ``Lifecycle.guest_shutdown``."""
+        return self._lifecycle.guest_shutdown(name, zone)
 
     def suspend(self, name: str, zone: str | None = None) -> None:
         """The instance is SUSPENDED (as ``instances.suspend`` leaves it)."""
-        inst = self._find(name, zone)
-        with self._lock:
-            inst.resource["status"] = "SUSPENDED"
-            self._drop_nat(inst.resource)
-            snapshot = copy.deepcopy(inst.resource)
-        self.backend.on_stop(snapshot)
+        self._lifecycle.suspend(name, zone)
 
     def remove_instance(self, name: str, zone: str | None = None) -> None:
         """Someone deleted the instance in the console: gone at once."""
-        inst = self._find(name, zone)
-        with self._lock:
-            inst.deleted = True
-            self._instances.pop((inst.project, inst.zone, inst.name), None)
-            snapshot = copy.deepcopy(inst.resource)
-        if inst.backend_created:
-            self.backend.on_delete(snapshot)
+        self._lifecycle.remove_instance(name, zone)
 
-    # -- inspection -----------------------------------------------------------------
+    def pending_stop(self, name: str, zone: str | None = None) -> None:
+        """A stop waiting for the guest: see ``Lifecycle.pending_stop``."""
+        self._lifecycle.pending_stop(name, zone)
 
-    def instances(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [
-                copy.deepcopy(i.resource)
-                for _, i in sorted(self._instances.items(), key=lambda kv: kv[0])
-            ]
-
-    def instance(self, name: str, zone: str | None = None) -> dict[str, Any]:
-        inst = self._find(name, zone)
-        with self._lock:
-            return copy.deepcopy(inst.resource)
-
-    def firewalls(self, *, defaults: bool = False) -> list[dict[str, Any]]:
-        """The firewall rules; GCE's own default-allow-* only with ``defaults``."""
-        with self._lock:
-            return [
-                copy.deepcopy(f)
-                for (_, name), f in sorted(self._firewalls.items())
-                if defaults or not name.startswith("default-allow-")
-            ]
-
-    # -- projects, networks, reachability ------------------------------------------------
-
-    def _project(self, project: str) -> dict[str, catalog.Network]:
-        """The project's networks, made on its first request as GCE makes a
-        new project: the auto-mode `default` network and its default rules."""
-        with self._lock:
-            networks = self._networks.get(project)
-            if networks is None:
-                regions = [z.rsplit("-", 1)[0] for z in self.zones]
-                networks = {"default": catalog.default_network(regions)}
-                self._networks[project] = networks
-                for rule in catalog.default_firewalls(project):
-                    self._firewalls.setdefault((project, rule["name"]), rule)
-                self.project_metadata.setdefault(project, {})
-            return networks
+    def set_guest_attribute(
+        self, name: str, path: str, value: str | None, zone: str | None = None
+    ) -> None:
+        """Publish ``path`` as the guest would: see ``GuestAttributes.set``."""
+        self._guest.set(name, path, value, zone)
 
     def add_network(
         self, name: str, subnets: Mapping[str, Sequence[str]], *, project: str = "fake-project",
         auto: bool = False,
     ) -> None:
-        """A VPC network: custom mode (``auto`` False) with ``subnets``
-        (region -> subnetwork names)."""
-        networks = self._project(project)
-        with self._lock:
-            networks[name] = catalog.Network(name, auto, {r: list(n) for r, n in subnets.items()})
+        """A VPC network: see ``Projects.add_network``."""
+        self._projects.add_network(name, subnets, project=project, auto=auto)
+
+    # -- inspection -----------------------------------------------------------------
+
+    def instances(self) -> list[dict[str, Any]]:
+        return self._instances.resources()
+
+    def instance(self, name: str, zone: str | None = None) -> dict[str, Any]:
+        return self._instances.resource(name, zone)
+
+    def firewalls(self, *, defaults: bool = False) -> list[dict[str, Any]]:
+        """The firewall rules; GCE's own default-allow-* only with ``defaults``."""
+        return self._rules.resources(defaults=defaults)
+
+    def firewall(self, name: str) -> dict[str, Any] | None:
+        return self._rules.find(name)
 
     def reachable(
         self, name: str, port: int, *, source_ip: str | None = None, source: str | None = None
@@ -649,141 +286,38 @@ class FakeGce:
         through the firewall rules: from the address ``source_ip`` (outside),
         or from the instance ``source`` (its internal IP and network tags)."""
         target = self.instance(name)
-        tags: list[str] = []
-        if source is not None:
-            other = self.instance(source)
-            source_ip = other["networkInterfaces"][0]["networkIP"]
-            tags = list(other["tags"]["items"])
-        assert source_ip is not None, "give source_ip or source"
-        # The rules of the network's project (a Shared VPC's host project).
-        network_url = target["networkInterfaces"][0]["network"]
-        project = network_url.split("/projects/", 1)[1].split("/", 1)[0]
-        with self._lock:
-            rules = [copy.deepcopy(f) for (p, _), f in self._firewalls.items() if p == project]
-        return catalog.ingress_allowed(
-            rules,
-            network=_last(target["networkInterfaces"][0]["network"]),
-            target_tags=target["tags"]["items"],
-            port=port,
-            source_ip=source_ip,
-            source_tags=tags,
-        )
-
-    def _api_images_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        image = catalog.find_image(p["image_project"], f"projects/{p['image_project']}/global/images/"
-                                   f"{p['name']}")
-        return catalog.image_resource(image)
-
-    def _api_images_getFromFamily(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        image = catalog.find_image(
-            p["image_project"], f"projects/{p['image_project']}/global/images/family/{p['name']}"
-        )
-        return catalog.image_resource(image)
-
-    def _api_networks_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        with self._lock:
-            net = self._project(p["project"]).get(p["name"])
-            if net is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/networks/{p['name']}' was "
-                    "not found",
-                    "notFound",
-                )
-            return catalog.network_resource(p["project"], net)
-
-    def _api_projects_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        with self._lock:
-            items = [{"key": k, "value": v}
-                     for k, v in self.project_metadata.get(p["project"], {}).items()]
-        return {
-            "kind": "compute#project",
-            "id": identity.project_number(p["project"]),
-            "name": p["project"],
-            "commonInstanceMetadata": {
-                "kind": "compute#metadata", "fingerprint": _fingerprint(items), "items": items,
-            },
-            "defaultNetworkTier": "PREMIUM",
-            "defaultServiceAccount": identity.default_account(p["project"]),
-            "selfLink": f"{API_ROOT}/projects/{p['project']}",
-        }
-
-    def pending_stop(self, name: str, zone: str | None = None) -> None:
-        """A stop waiting for the guest to shut down: PENDING_STOP, then
-        TERMINATED after ``latency.stop``; GCE refuses to start it meanwhile."""
-        inst = self._find(name, zone)
-        with self._lock:
-            inst.resource["status"] = "PENDING_STOP"
-
-        def later() -> None:
-            try:
-                self._sleep(self.latency.stop)
-            except _Closing:
-                return
-            with self._lock:
-                snapshot = copy.deepcopy(inst.resource)
-            self.backend.on_stop(snapshot)
-            with self._lock:
-                if inst.resource["status"] == "PENDING_STOP":
-                    inst.resource["status"] = "TERMINATED"
-                    inst.resource["lastStopTimestamp"] = _now()
-                    self._drop_nat(inst.resource)
-
-        threading.Thread(target=later, daemon=True, name=f"pending-stop-{name}").start()
-
-    def firewall(self, name: str) -> dict[str, Any] | None:
-        with self._lock:
-            for (_, fw_name), fw in self._firewalls.items():
-                if fw_name == name:
-                    return copy.deepcopy(fw)
-        return None
+        other = self.instance(source) if source is not None else None
+        return self._rules.reachable(target, port, source_ip=source_ip, source=other)
 
     def operations(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [copy.deepcopy(o.resource) for o in self._operations.values()]
+        return self._operations.resources()
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every request, in order (front.py)."""
+        return self._front.calls
+
+    @property
+    def internal_errors(self) -> list[BaseException]:
+        """Failures of operation threads that are no modelled API behaviour."""
+        return self._world.internal_errors
 
     def mutating_calls(self) -> list[Call]:
-        with self._lock:
-            return [c for c in self.calls if c.mutating]
+        return self._front.mutating_calls()
 
     def ops_called(self) -> list[str]:
-        with self._lock:
-            return [c.op for c in self.calls]
+        return self._front.ops_called()
 
     def reset_calls(self) -> None:
-        with self._lock:
-            self.calls.clear()
+        self._front.reset_calls()
 
     def wait_idle(self, timeout: float = 10.0) -> None:
-        """Until no mutating request is being answered: every one a client
-        sent has been accepted (its instance exists) or refused."""
-        with self._idle:
-            if not self._idle.wait_for(lambda: self._in_flight == 0, timeout):
-                raise TimeoutError(f"{self._in_flight} mutating requests still in flight")
+        """Until no mutating request is being answered (``Front.wait_idle``)."""
+        self._front.wait_idle(timeout)
 
     def wait_quiet(self, timeout: float = 10.0) -> None:
         """Until no operation is running (all DONE)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                pending = [o for o in self._operations.values() if not o.done.is_set()]
-            if not pending:
-                return
-            time.sleep(0.01)
-        raise TimeoutError(f"{len(pending)} operations still running after {timeout} s")
-
-    def _find(self, name: str, zone: str | None) -> _Instance:
-        with self._lock:
-            found = [
-                i
-                for (_, z, n), i in self._instances.items()
-                if n == name and (zone is None or z == zone)
-            ]
-        if len(found) != 1:
-            raise KeyError(f"{len(found)} instances named {name} (zone {zone})")
-        return found[0]
-
-    # -- request handling -----------------------------------------------------------------
+        self._operations.wait_quiet(timeout)
 
     def handle(
         self,
@@ -793,1340 +327,24 @@ class FakeGce:
         body: Any,
         authorization: str | None,
     ) -> tuple[int, Any]:
-        route = _route(method, path)
-        if route is None:
-            call = Call("unknown", method, path, query, body, None, None, None, authorization)
-            status, payload = 404, ApiError(404, f"no such API path: {method} {path}",
-                                            "notFound").payload()
-            call.status = status
-            with self._lock:
-                self.calls.append(call)
-            return status, payload
-        op, params = route
-        if params.get("project"):
-            self._project(params["project"])
-        name = params.get("name") or (body.get("name") if isinstance(body, dict) else None)
-        call = Call(
-            op, method, path, query, body, params.get("project"), params.get("zone"), name,
-            authorization,
-        )
-        with self._lock:
-            self.calls.append(call)
-            if call.mutating:
-                self._in_flight += 1
-        try:
-            return self._handle(call, op, params, query, body)
-        finally:
-            if call.mutating:
-                with self._lock:
-                    self._in_flight -= 1
-                    self._idle.notify_all()
+        """(HTTP status, JSON answer) of one request, as the server answers it."""
+        return self._front.handle(method, path, query, body, authorization)
 
-    def _handle(
-        self, call: Call, op: str, params: dict[str, str], query: dict[str, str], body: Any
-    ) -> tuple[int, Any]:
-        try:
-            self._run_hooks(call)
-            if call.zone is not None and call.zone not in self.zones:
-                # The whole body of real GCE's answer (inspec/inspec-gcp#301):
-                # {"code": 400, "message": "Invalid value for field 'zone':
-                # 'us-east1'. Unknown zone.", "errors": [{..., "reason": "invalid"}]}
-                raise ApiError(
-                    400, f"Invalid value for field 'zone': '{call.zone}'. Unknown zone.", "invalid"
-                )
-            self._http_fault(call)
-            handler = getattr(self, "_api_" + op.replace(".", "_"))
-            status, payload = 200, handler(call, params, query, body)
-        except ApiError as exc:
-            status, payload = exc.status, exc.payload()
-        except catalog.Refusal as exc:
-            status = exc.status
-            payload = ApiError(exc.status, exc.message, exc.reason).payload()
-        except FilterError as exc:
-            status = 400
-            payload = ApiError(
-                400,
-                f"Invalid value for field 'filter': '{query.get('filter')}'. "
-                f"Invalid list filter expression ({exc}).",
-                "invalid",
-            ).payload()
-        call.status = status
-        return status, payload
+    # -- what tests reach into --------------------------------------------------------
 
-    def _run_hooks(self, call: Call) -> None:
-        with self._lock:
-            hooks = []
-            for hook in self._hooks:
-                if hook.op != call.op or (hook.name and hook.name != call.name):
-                    continue
-                if hook.remaining is not None:
-                    if hook.remaining <= 0:
-                        continue
-                    hook.remaining -= 1
-                hooks.append(hook)
-        for hook in hooks:
-            hook.fn(call)
+    @property
+    def _lock(self) -> threading.RLock:
+        """The one lock of every table (hold it to change a stored resource)."""
+        return self._world.lock
 
-    def _http_fault(self, call: Call) -> None:
-        with self._lock:
-            for fault in self._http_faults:
-                if fault.op != call.op:
-                    continue
-                if fault.name and fault.name != call.name:
-                    continue
-                if fault.zone and fault.zone != call.zone:
-                    continue
-                if fault.remaining is not None:
-                    if fault.remaining <= 0:
-                        continue
-                    fault.remaining -= 1
-                raise ApiError(fault.status, fault.message, fault.reason)
-
-    def _capacity_fate(self, project: str, zone: str, op: str) -> tuple[OpFailure, bool] | None:
-        """Whether this create/start in ``zone`` hits a stockout or quota:
-        (the operation's error, leave a half-created instance)."""
-        with self._lock:
-            for fault in self._zone_faults:
-                if op not in fault.ops or (fault.zone is not None and fault.zone != zone):
-                    continue
-                seen = self._zone_successes.get((zone, op), 0)
-                if seen < fault.after:
-                    continue
-                if fault.remaining is not None:
-                    if fault.remaining <= 0:
-                        continue
-                    fault.remaining -= 1
-                message = fault.message.format(project=project, zone=zone)
-                if fault.http:
-                    raise ApiError(fault.http_status, message, *fault.http_reason)
-                failure = OpFailure(fault.code, message, fault.http_status, fault.http_message)
-                return failure, fault.leave_instance
-            self._zone_successes[(zone, op)] = self._zone_successes.get((zone, op), 0) + 1
-        return None
-
-    # -- operations ---------------------------------------------------------------------
-
-    def _new_operation(
-        self, project: str, scope: str, op_type: str, target: Mapping[str, Any]
-    ) -> _Operation:
-        name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}-{secrets.token_hex(4)}"
-        resource: dict[str, Any] = {
-            "kind": "compute#operation",
-            "id": _resource_id(),
-            "name": name,
-            "operationType": op_type,
-            "targetLink": target.get("selfLink", ""),
-            "status": "RUNNING",
-            "user": "fake@tfcluster.invalid",
-            "progress": 0,
-            "insertTime": _now(),
-            "startTime": _now(),
-            "selfLink": f"{API_ROOT}/projects/{project}/{scope}/operations/{name}",
-        }
-        if target.get("id"):
-            resource["targetId"] = target["id"]
-        if scope.startswith("zones/"):
-            resource["zone"] = f"{API_ROOT}/projects/{project}/{scope}"
-        op = _Operation(project, scope, resource)
-        with self._lock:
-            self._operations[(project, scope, name)] = op
-        return op
-
-    def _finish(self, op: _Operation, failure: OpFailure | None = None) -> None:
-        with self._lock:
-            if op.done.is_set():
-                return
-            res = op.resource
-            res["status"] = "DONE"
-            res["progress"] = 100
-            res["endTime"] = _now()
-            if failure is not None:
-                res["error"] = {"errors": [{"code": failure.code, "message": failure.message}]}
-                res["httpErrorStatusCode"] = failure.http_status
-                res["httpErrorMessage"] = failure.http_message
-            op.done.set()
-
-    def _spawn(self, op: _Operation, work: Callable[[], None]) -> None:
-        """Run ``work`` for ``op`` on its own thread; the op is DONE when work
-        returns (or earlier, if work finishes it), failed if it raises."""
-
-        def run() -> None:
-            try:
-                work()
-            except _Closing:
-                return
-            except OpFailure as failure:
-                self._finish(op, failure)
-                return
-            except BaseException as exc:  # recorded; the fixture fails the test
-                self.internal_errors.append(exc)
-                self._finish(op, OpFailure("INTERNAL_ERROR", f"fake: {exc!r}", 500, "INTERNAL"))
-                return
-            self._finish(op)
-
-        thread = threading.Thread(target=run, daemon=True, name=f"op-{op.resource['name']}")
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            self._threads.append(thread)
-            thread.start()  # under the lock: stop() never sees an unstarted thread
-
-    def _sleep(self, seconds: float) -> None:
-        if seconds > 0 and self._closing.wait(seconds):
-            raise _Closing
-        if self._closing.is_set():
-            raise _Closing
-
-    def _op_lookup(self, project: str, scope: str, name: str) -> _Operation:
-        with self._lock:
-            op = self._operations.get((project, scope, name))
-        if op is None:
-            raise ApiError(
-                404, f"The resource 'projects/{project}/{scope}/operations/{name}' was not found",
-                "notFound",
-            )
-        return op
-
-    def _api_zoneOperations_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], f"zones/{p['zone']}", p["name"])
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _api_zoneOperations_wait(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], f"zones/{p['zone']}", p["name"])
-        op.done.wait(self.wait_max_s)
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _api_globalOperations_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], "global", p["name"])
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _api_globalOperations_wait(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        op = self._op_lookup(p["project"], "global", p["name"])
-        op.done.wait(self.wait_max_s)
-        with self._lock:
-            return copy.deepcopy(op.resource)
-
-    def _dedup(self, query: Mapping[str, str], make: Callable[[], Any]) -> Any:
-        """``requestId``: a retried mutating call gets the first one's operation."""
-        request_id = query.get("requestId")
-        if not request_id:
-            return make()
-        with self._lock:
-            if request_id in self._request_ids:
-                return copy.deepcopy(self._request_ids[request_id])
-        result = make()
-        with self._lock:
-            self._request_ids[request_id] = copy.deepcopy(result)
-        return result
-
-    # -- instances --------------------------------------------------------------------
-
-    def _instance(self, project: str, zone: str, name: str) -> _Instance:
-        with self._lock:
-            inst = self._instances.get((project, zone, name))
-        if inst is None:
-            raise ApiError(
-                404,
-                f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found",
-                "notFound",
-            )
-        return inst
-
-    def _api_instances_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        with self._lock:
-            return copy.deepcopy(inst.resource)
-
-    def _api_instances_getGuestAttributes(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        path = query.get("queryPath", "")
-        if not re.match(r"^([\w-]+/[\w-]*)?$", path):
-            raise ApiError(400, f"Invalid value for field 'queryPath': '{path}'", "invalid")
-        with self._lock:
-            resource = copy.deepcopy(inst.resource)
-            since = inst.running_since
-            overrides = dict(inst.guest_attributes)
-        items = {i.get("key"): i.get("value") for i in resource["metadata"]["items"]}
-        attributes: dict[str, str] = {}
-        if (
-            str(items.get("enable-guest-attributes", "")).upper() == "TRUE"
-            and resource["status"] == "RUNNING"
-            and since is not None
-            and time.monotonic() - since >= self.latency.host_keys
-        ):
-            for line in self.backend.host_keys(resource):
-                fields = line.split()
-                if len(fields) >= 2:
-                    attributes[f"hostkeys/{fields[0]}"] = fields[1]
-            attributes.update(overrides)
-        base = f"projects/{p['project']}/zones/{p['zone']}/instances/{p['name']}"
-        answer: dict[str, Any] = {
-            "kind": "compute#guestAttributes",
-            "queryPath": path,
-            "selfLink": f"{API_ROOT}/{base}/guestAttributes/{path}",
-        }
-        if path.endswith("/") or not path:
-            found = [
-                {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
-                for k, v in sorted(attributes.items())
-                if k.startswith(path)
-            ]
-            if found:
-                answer["queryValue"] = {"items": found}
-        elif path in attributes:
-            answer["variableKey"] = path
-            answer["variableValue"] = attributes[path]
-        if "queryValue" not in answer and "variableValue" not in answer:
-            raise ApiError(
-                404, f"The resource '{base}/guestAttributes/{path}' was not found", "notFound"
-            )
-        return answer
-
-    def set_guest_attribute(
-        self, name: str, path: str, value: str | None, zone: str | None = None
-    ) -> None:
-        """Publish ``path`` (``namespace/key``) as the guest would, over
-        what the backend publishes; None removes it again."""
-        inst = self._find(name, zone)
-        with self._lock:
-            if value is None:
-                inst.guest_attributes.pop(path, None)
-            else:
-                inst.guest_attributes[path] = value
-
-    def _api_instances_list(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        match = compile_filter(query.get("filter"))
-        with self._lock:
-            items = [
-                copy.deepcopy(i.resource)
-                for (proj, zone, _), i in sorted(self._instances.items())
-                if proj == p["project"] and zone == p["zone"] and match(i.resource)
-            ]
-        base = f"projects/{p['project']}/zones/{p['zone']}/instances"
-        return _page("compute#instanceList", base, items, query)
-
-    def _api_instances_aggregatedList(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        match = compile_filter(query.get("filter"))
-        project = p["project"]
-        with self._lock:
-            by_zone: dict[str, list[dict[str, Any]]] = {zone: [] for zone in self.zones}
-            for (proj, zone, _), inst in sorted(self._instances.items()):
-                if proj == project and match(inst.resource):
-                    by_zone.setdefault(zone, []).append(copy.deepcopy(inst.resource))
-        items: dict[str, Any] = {}
-        for zone, instances in sorted(by_zone.items()):
-            scope = f"zones/{zone}"
-            if instances:
-                items[scope] = {"instances": instances}
-            else:
-                items[scope] = {
-                    "warning": {
-                        "code": "NO_RESULTS_ON_PAGE",
-                        "message": f"There are no results for scope '{scope}' on this page.",
-                        "data": [{"key": "scope", "value": scope}],
-                    }
-                }
-        return {
-            "kind": "compute#instanceAggregatedList",
-            "id": f"projects/{project}/aggregated/instances",
-            "items": items,
-            "selfLink": f"{API_ROOT}/projects/{project}/aggregated/instances",
-        }
-
-    def _api_instances_insert(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        return self._dedup(query, lambda: self._insert(p["project"], p["zone"], body))
+    @property
+    def _firewalls(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(project, name) -> the stored rule, to change one behind the API."""
+        return self._rules.rules
 
     def _insert(self, project: str, zone: str, body: Any) -> Any:
-        resource = self._instance_resource(project, zone, body)
-        key = (project, zone, resource["name"])
-        with self._lock:
-            if key in self._instances:
-                raise ApiError(
-                    409,
-                    f"The resource 'projects/{project}/zones/{zone}/instances/"
-                    f"{resource['name']}' already exists",
-                    "alreadyExists",
-                )
-            fate = self._capacity_fate(project, zone, "insert")
-            inst = _Instance(project, zone, resource["name"], resource)
-            self._instances[key] = inst
-            op = self._new_operation(project, f"zones/{zone}", "insert", resource)
-            answer = copy.deepcopy(op.resource)
-        self._spawn(op, lambda: self._create(inst, fate, lambda: self._finish(op)))
-        return answer
-
-    def _create(
-        self,
-        inst: _Instance,
-        fate: tuple[OpFailure, bool] | None,
-        on_staged: Callable[[], None],
-    ) -> None:
-        """PROVISIONING -> STAGING (``on_staged``) -> RUNNING, or a stockout."""
-        with inst.op_lock:
-            if fate is not None:
-                failure, leave = fate
-                self._sleep(self.latency.provision_of(inst.name))
-                with self._lock:
-                    if leave:
-                        inst.resource["status"] = "TERMINATED"
-                    else:
-                        inst.deleted = True
-                        self._instances.pop((inst.project, inst.zone, inst.name), None)
-                raise failure
-            with self._lock:
-                snapshot = copy.deepcopy(inst.resource)
-            addresses = self.backend.on_create(snapshot)
-            inst.backend_created = True
-            with self._lock:
-                nic = inst.resource["networkInterfaces"][0]
-                nic["networkIP"] = addresses.network_ip or self._internal_ip()
-            self._sleep(self.latency.provision_of(inst.name))
-            with self._lock:
-                if inst.deleted or inst.resource["status"] != "PROVISIONING":
-                    on_staged()
-                    return
-                inst.resource["status"] = "STAGING"
-                self._give_nat(inst.resource, addresses.nat_ip)
-            on_staged()
-            self._sleep(self.latency.staging)
-            with self._lock:
-                if not inst.deleted and inst.resource["status"] == "STAGING":
-                    inst.resource["status"] = "RUNNING"
-                    inst.resource["lastStartTimestamp"] = _now()
-                    inst.running_since = time.monotonic()
-
-    def _api_instances_bulkInsert(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        return self._dedup(query, lambda: self._bulk_insert(p["project"], p["zone"], body))
-
-    def _bulk_insert(self, project: str, zone: str, body: Any) -> Any:
-        if not isinstance(body, dict):
-            raise ApiError(400, "Required field 'resource' not specified", "required")
-        props = dict(body.get("instanceProperties") or {})
-        if not props:
-            raise ApiError(
-                400, "Required field 'instanceProperties' not specified", "required"
-            )
-        names = list((body.get("perInstanceProperties") or {}).keys())
-        count = int(body.get("count") or len(names))
-        pattern = body.get("namePattern")
-        with self._lock:
-            taken = {n for (proj, z, n) in self._instances if proj == project and z == zone}
-        if len(names) < count:
-            if not pattern or "#" not in pattern:
-                raise ApiError(
-                    400, "namePattern with # is required when count exceeds the names given",
-                    "invalid",
-                )
-            width = pattern.count("#")
-            index = 1
-            while len(names) < count:
-                candidate = re.sub("#+", str(index).zfill(width), pattern)
-                index += 1
-                if candidate not in taken and candidate not in names:
-                    names.append(candidate)
-        # instanceProperties name bare types ("e2-standard-2"); an instance
-        # names them by URL.
-        if props.get("machineType") and "/" not in props["machineType"]:
-            props["machineType"] = f"zones/{zone}/machineTypes/{props['machineType']}"
-        for acc in props.get("guestAccelerators") or []:
-            if "/" not in acc.get("acceleratorType", ""):
-                acc["acceleratorType"] = f"zones/{zone}/acceleratorTypes/{acc['acceleratorType']}"
-        resources = [self._instance_resource(project, zone, {**props, "name": n}) for n in names]
-        with self._lock:
-            clash = [r["name"] for r in resources if (project, zone, r["name"]) in self._instances]
-            if clash:
-                raise ApiError(
-                    409,
-                    f"The resource 'projects/{project}/zones/{zone}/instances/{clash[0]}' "
-                    "already exists",
-                    "alreadyExists",
-                )
-            fate = self._capacity_fate(project, zone, "bulkInsert")
-            insts = [_Instance(project, zone, r["name"], r) for r in resources]
-            for inst in insts:
-                self._instances[(project, zone, inst.name)] = inst
-            op = self._new_operation(
-                project, f"zones/{zone}", "bulkInsert",
-                {"selfLink": f"{API_ROOT}/projects/{project}/zones/{zone}/instances"},
-            )
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            staged = threading.Semaphore(0)
-            failures: list[BaseException] = []
-
-            def one(inst: _Instance) -> None:
-                try:
-                    self._create(inst, fate, staged.release)
-                except BaseException as exc:  # collected: the op fails with it
-                    failures.append(exc)
-                    staged.release()
-
-            threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in insts]
-            for thread in threads:
-                thread.start()
-            for _ in insts:
-                staged.acquire()
-            if failures:
-                raise failures[0]
-
-        self._spawn(op, work)
-        return answer
-
-    def _instance_resource(self, project: str, zone: str, body: Any) -> dict[str, Any]:
-        """Validate an insert body as GCE would; return the stored resource."""
-        if not isinstance(body, dict):
-            raise ApiError(400, "Required field 'resource' not specified", "required")
-        name = body.get("name")
-        if not name:
-            raise ApiError(400, "Required field 'resource.name' not specified", "required")
-        if not _NAME.match(name):
-            raise ApiError(
-                400,
-                f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
-                "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
-                "invalid",
-            )
-        machine = body.get("machineType")
-        if not machine:
-            raise ApiError(400, "Required field 'resource.machineType' not specified", "required")
-        machine_name = _last(machine)
-        if not re.match(r"^[a-z][a-z0-9]*-[a-z0-9-]+$", machine_name):
-            raise ApiError(
-                400,
-                f"Invalid value for field 'resource.machineType': '{machine}'. Machine type "
-                f"with name '{machine_name}' does not exist in zone '{zone}'.",
-                "invalid",
-            )
-        disks = body.get("disks") or []
-        boot = [d for d in disks if d.get("boot")]
-        if len(boot) != 1:
-            raise ApiError(400, "Exactly one boot disk must be specified", "invalid")
-        init = boot[0].get("initializeParams") or {}
-        if not init.get("sourceImage") and not boot[0].get("source"):
-            raise ApiError(
-                400, "Required field 'resource.disks[0].initializeParams.sourceImage' not "
-                "specified", "required",
-            )
-        nics = body.get("networkInterfaces") or []
-        if not nics:
-            raise ApiError(
-                400, "Required field 'resource.networkInterfaces' not specified", "required"
-            )
-        # What the zone offers, the family allows, the image and network need.
-        catalog.check_machine_and_gpus(
-            zone, machine_name, body.get("guestAccelerators") or [], project
-        )
-        image_gb = 10
-        if init.get("sourceImage"):
-            image_gb = catalog.check_boot_disk(project, zone, machine_name, init).disk_gb
-        for index, nic in enumerate(nics):
-            catalog.check_nic(project, zone, nic, index, self._project)
-        labels = dict(body.get("labels") or {})
-        _check_labels(labels)
-        scheduling = {
-            "onHostMaintenance": "MIGRATE",
-            "automaticRestart": True,
-            "preemptible": False,
-            "provisioningModel": "STANDARD",
-            **(body.get("scheduling") or {}),
-        }
-        spot = scheduling["provisioningModel"] == "SPOT" or scheduling["preemptible"]
-        if spot:
-            if "onHostMaintenance" not in (body.get("scheduling") or {}):
-                scheduling["onHostMaintenance"] = "TERMINATE"
-            if scheduling["automaticRestart"]:
-                raise ApiError(
-                    400,
-                    "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. "
-                    "Preemptible and Spot VMs do not support automatic restart.",
-                    "invalid",
-                )
-            if scheduling["onHostMaintenance"] != "TERMINATE":
-                raise ApiError(
-                    400,
-                    "Invalid value for field 'resource.scheduling.onHostMaintenance': "
-                    f"'{scheduling['onHostMaintenance']}'. Spot VMs must terminate on host "
-                    "maintenance.",
-                    "invalid",
-                )
-        accelerators = body.get("guestAccelerators") or []
-        builtin = catalog.BUILTIN_GPUS.get(machine_name)
-        if (accelerators or builtin) and scheduling["onHostMaintenance"] != "TERMINATE":
-            raise ApiError(
-                400,
-                "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. "
-                "Instances with guest accelerators do not support live migration.",
-                "invalid",
-            )
-        metadata_items = list((body.get("metadata") or {}).get("items") or [])
-        zone_url = f"{API_ROOT}/projects/{project}/zones/{zone}"
-        disk_type = init.get("diskType") or f"zones/{zone}/diskTypes/pd-standard"
-        resource: dict[str, Any] = {
-            "kind": "compute#instance",
-            "id": _resource_id(),
-            "creationTimestamp": _now(),
-            "name": name,
-            "description": body.get("description", ""),
-            "tags": {
-                "items": list((body.get("tags") or {}).get("items") or []),
-                "fingerprint": _fingerprint((body.get("tags") or {}).get("items") or []),
-            },
-            "machineType": f"{zone_url}/machineTypes/{machine_name}",
-            "status": "PROVISIONING",
-            "zone": zone_url,
-            "canIpForward": bool(body.get("canIpForward", False)),
-            "networkInterfaces": [
-                _nic(project, zone, nic, index) for index, nic in enumerate(nics)
-            ],
-            "disks": [
-                {
-                    "kind": "compute#attachedDisk",
-                    "type": "PERSISTENT",
-                    "mode": "READ_WRITE",
-                    "source": f"{zone_url}/disks/{init.get('diskName') or name}",
-                    "deviceName": boot[0].get("deviceName") or name,
-                    "index": 0,
-                    "boot": True,
-                    "autoDelete": bool(boot[0].get("autoDelete", False)),
-                    "interface": "SCSI",
-                    "diskSizeGb": str(init.get("diskSizeGb") or image_gb),
-                    # Not in the real attachedDisk; kept so tests can check the request.
-                    "x-fake-diskType": disk_type,
-                    "x-fake-sourceImage": init.get("sourceImage") or "",
-                }
-            ],
-            "metadata": {
-                "kind": "compute#metadata",
-                "fingerprint": _fingerprint(metadata_items),
-                "items": metadata_items,
-            },
-            "selfLink": f"{zone_url}/instances/{name}",
-            "scheduling": scheduling,
-            "cpuPlatform": "Intel Broadwell",
-            "labels": labels,
-            "labelFingerprint": _fingerprint(labels),
-            "startRestricted": False,
-            "deletionProtection": bool(body.get("deletionProtection", False)),
-            "fingerprint": _fingerprint(name),
-        }
-        for index in range(catalog.LOCAL_SSD_DISKS.get(machine_name, 0)):
-            # The Local SSD the machine type comes with, as GCE lists it.
-            resource["disks"].append({
-                "kind": "compute#attachedDisk",
-                "type": "SCRATCH",
-                "mode": "READ_WRITE",
-                "deviceName": f"local-ssd-{index}",
-                "index": index + 1,
-                "boot": False,
-                "autoDelete": True,
-                "interface": "NVME",
-                "diskSizeGb": "375",
-            })
-        if builtin:
-            # The instance lists the GPUs its machine type comes with.
-            kind, count = builtin
-            resource["guestAccelerators"] = [
-                {"acceleratorType": f"{zone_url}/acceleratorTypes/{kind}",
-                 "acceleratorCount": count}
-            ]
-        if accelerators:
-            resource["guestAccelerators"] = [
-                {
-                    "acceleratorType": f"{zone_url}/acceleratorTypes/"
-                    f"{_last(a.get('acceleratorType'))}",
-                    "acceleratorCount": int(a.get("acceleratorCount") or 1),
-                }
-                for a in accelerators
-            ]
-        accounts = identity.service_accounts(project, body.get("serviceAccounts"))
-        if accounts:
-            resource["serviceAccounts"] = accounts
-        return resource
-
-    def _internal_ip(self) -> str:
-        with self._lock:
-            n = self._next_internal
-            self._next_internal += 1
-        return str(ipaddress.ip_address("10.128.0.0") + n)
-
-    def _give_nat(self, resource: dict[str, Any], nat_ip: str | None) -> None:
-        """Attach an ephemeral external IP (new each time) to the access config."""
-        for nic in resource["networkInterfaces"]:
-            for access in nic.get("accessConfigs", []):
-                if access.get("x-fake-static"):
-                    access["natIP"] = access["x-fake-static"]
-                    continue
-                access["natIP"] = nat_ip or self._nat_ip()
-                nat_ip = None  # only the first access config gets the backend's address
-
-    def _drop_nat(self, resource: dict[str, Any]) -> None:
-        for nic in resource["networkInterfaces"]:
-            for access in nic.get("accessConfigs", []):
-                if not access.get("x-fake-static"):
-                    access.pop("natIP", None)
-
-    def _nat_ip(self) -> str:
-        with self._lock:
-            used = {
-                a.get("natIP")
-                for i in self._instances.values()
-                for nic in i.resource["networkInterfaces"]
-                for a in nic.get("accessConfigs", [])
-            }
-            for _ in range(254):
-                n = self._next_nat
-                self._next_nat = self._next_nat % 254 + 1
-                address = f"203.0.113.{n}"
-                if address not in used:
-                    return address
-        raise ApiError(
-            403, "Quota 'IN_USE_ADDRESSES' exceeded.  Limit: 254.0", "quotaExceeded",
-            "usageLimits",
-        )
-
-    def _api_instances_delete(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        with self._lock:
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "delete", inst.resource)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            with inst.op_lock:
-                if inst.deleted:  # deleted while this operation waited its turn
-                    raise OpFailure(
-                        "RESOURCE_NOT_FOUND", f"The resource '{inst.name}' was not found", 404,
-                        "NOT FOUND",
-                    )
-                with self._lock:
-                    inst.resource["status"] = "STOPPING"
-                self._sleep(self.latency.delete)
-                with self._lock:
-                    snapshot = copy.deepcopy(inst.resource)
-                if inst.backend_created:
-                    self.backend.on_delete(snapshot)
-                with self._lock:
-                    inst.deleted = True
-                    self._instances.pop((inst.project, inst.zone, inst.name), None)
-
-        self._spawn(op, work)
-        return answer
-
-    def _api_instances_stop(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        discard = query.get("discardLocalSsd")
-        with self._lock:
-            scratch = [d for d in inst.resource["disks"] if d.get("type") == "SCRATCH"]
-            if scratch and discard not in ("true", "false"):
-                # Real GCE, word for word (400 badRequest; skypilot-org/skypilot#2586,
-                # openshift/installer#8649).
-                raise ApiError(
-                    400,
-                    "VM has a Local SSD attached but an undefined value for "
-                    "`discard-local-ssd`. If using gcloud, please add "
-                    "`--discard-local-ssd=false` or `--discard-local-ssd=true` to your command.",
-                    "badRequest",
-                )
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "stop", inst.resource)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            with inst.op_lock:
-                with self._lock:
-                    if inst.deleted:
-                        raise OpFailure(
-                            "RESOURCE_NOT_FOUND", f"The resource '{inst.name}' was not found", 404,
-                            "NOT FOUND",
-                        )
-                    if inst.resource["status"] == "TERMINATED":
-                        return
-                    inst.resource["status"] = "STOPPING"
-                self._sleep(self.latency.stop)
-                with self._lock:
-                    snapshot = copy.deepcopy(inst.resource)
-                self.backend.on_stop(snapshot)
-                with self._lock:
-                    inst.resource["status"] = "TERMINATED"
-                    inst.resource["lastStopTimestamp"] = _now()
-                    self._drop_nat(inst.resource)
-                    for disk in scratch:
-                        # AttachedDisk.savedState: PRESERVED when the data was kept.
-                        if discard == "false":
-                            disk["savedState"] = "PRESERVED"
-                        else:
-                            disk.pop("savedState", None)
-
-        self._spawn(op, work)
-        return answer
-
-    def _api_instances_start(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        return self._start(p, "start")
-
-    def _api_instances_resume(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        return self._start(p, "resume")
-
-    def _start(self, p: dict[str, str], kind: str) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        with self._lock:
-            status = inst.resource["status"]
-            if status in ("STOPPING", "PENDING_STOP"):
-                raise ApiError(
-                    400,
-                    f"The resource 'projects/{inst.project}/zones/{inst.zone}/instances/"
-                    f"{inst.name}' is not ready",
-                    "resourceNotReady",
-                )
-            if kind == "start" and status in ("SUSPENDED", "SUSPENDING"):
-                raise ApiError(
-                    400,
-                    f"Instance '{inst.name}' is suspended; resume it instead of starting it.",
-                    "invalid",
-                )
-            if kind == "resume" and status not in ("SUSPENDED", "RUNNING"):
-                raise ApiError(
-                    400, f"Instance '{inst.name}' is not suspended (it is {status}).", "invalid"
-                )
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", kind, inst.resource)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            with inst.op_lock:
-                with self._lock:
-                    if inst.deleted:
-                        raise OpFailure(
-                            "RESOURCE_NOT_FOUND", f"The resource '{inst.name}' was not found", 404,
-                            "NOT FOUND",
-                        )
-                    if inst.resource["status"] == "RUNNING":
-                        return
-                fate = self._capacity_fate(inst.project, inst.zone, "start")
-                if fate is not None:
-                    self._sleep(self.latency.start)
-                    raise fate[0]
-                with self._lock:
-                    inst.resource["status"] = "STAGING"
-                    snapshot = copy.deepcopy(inst.resource)
-                addresses = self.backend.on_start(snapshot)
-                with self._lock:
-                    if addresses.network_ip:
-                        inst.resource["networkInterfaces"][0]["networkIP"] = addresses.network_ip
-                    self._give_nat(inst.resource, addresses.nat_ip)
-                self._sleep(self.latency.start)
-                with self._lock:
-                    if inst.resource["status"] == "STAGING":
-                        inst.resource["status"] = "RUNNING"
-                        inst.resource["lastStartTimestamp"] = _now()
-                        inst.running_since = time.monotonic()
-                        for disk in inst.resource["disks"]:
-                            disk.pop("savedState", None)  # the data is back on the disks
-
-        self._spawn(op, work)
-        return answer
-
-    def _api_instances_setLabels(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        body = body or {}
-        labels = dict(body.get("labels") or {})
-        _check_labels(labels)
-        with self._lock:
-            if body.get("labelFingerprint") != inst.resource["labelFingerprint"]:
-                raise ApiError(
-                    412,
-                    "Labels fingerprint either invalid or resource labels have changed",
-                    "conditionNotMet",
-                )
-            inst.resource["labels"] = labels
-            inst.resource["labelFingerprint"] = _fingerprint(labels)
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "setLabels",
-                                     inst.resource)
-            answer = copy.deepcopy(op.resource)
-        self._spawn(op, lambda: self._sleep(self.latency.metadata))
-        return answer
-
-    def _api_instances_setMetadata(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        inst = self._instance(p["project"], p["zone"], p["name"])
-        body = body or {}
-        items = list(body.get("items") or [])
-        keys = [item.get("key") for item in items]
-        if len(set(keys)) != len(keys):
-            raise ApiError(400, "Duplicate metadata key", "invalid")
-        with self._lock:
-            if body.get("fingerprint") != inst.resource["metadata"]["fingerprint"]:
-                raise ApiError(
-                    412,
-                    "Supplied fingerprint does not match current metadata fingerprint.",
-                    "conditionNotMet",
-                )
-            inst.resource["metadata"] = {
-                "kind": "compute#metadata",
-                "fingerprint": _fingerprint(items),
-                "items": items,
-            }
-            snapshot = copy.deepcopy(inst.resource)
-            op = self._new_operation(inst.project, f"zones/{inst.zone}", "setMetadata",
-                                     inst.resource)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            self._sleep(self.latency.metadata)
-            self.backend.on_metadata(snapshot)
-
-        self._spawn(op, work)
-        return answer
-
-    # -- firewalls ----------------------------------------------------------------------
-
-    def _api_firewalls_get(self, call: Call, p: dict[str, str], q: Any, b: Any) -> Any:
-        with self._lock:
-            fw = self._firewalls.get((p["project"], p["name"]))
-            if fw is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/firewalls/{p['name']}' "
-                    "was not found",
-                    "notFound",
-                )
-            return copy.deepcopy(fw)
-
-    def _api_firewalls_list(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        match = compile_filter(query.get("filter"))
-        with self._lock:
-            items = [
-                copy.deepcopy(fw)
-                for (proj, _), fw in sorted(self._firewalls.items())
-                if proj == p["project"] and match(fw)
-            ]
-        return _page("compute#firewallList", f"projects/{p['project']}/global/firewalls",
-                     items, query)
-
-    def _api_firewalls_insert(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        return self._dedup(query, lambda: self._firewall_insert(p["project"], body))
-
-    def _firewall_insert(self, project: str, body: Any) -> Any:
-        resource = _firewall_resource(project, body)
-        catalog.check_firewall_network(project, body, self._project(project))
-        key = (project, resource["name"])
-        with self._lock:
-            if key in self._firewalls or key in self._pending_firewalls:
-                raise ApiError(
-                    409,
-                    f"The resource 'projects/{project}/global/firewalls/{resource['name']}' "
-                    "already exists",
-                    "alreadyExists",
-                )
-            self._pending_firewalls.add(key)
-            op = self._new_operation(project, "global", "insert", resource)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            try:
-                self._sleep(self.latency.firewall)
-                with self._lock:
-                    self._firewalls[key] = resource
-            finally:
-                with self._lock:
-                    self._pending_firewalls.discard(key)
-
-        self._spawn(op, work)
-        return answer
-
-    def _api_firewalls_patch(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        """PATCH: the fields given replace theirs, the others stay."""
-        return self._firewall_change(p, body, "patch")
-
-    def _api_firewalls_update(
-        self, call: Call, p: dict[str, str], query: dict[str, str], body: Any
-    ) -> Any:
-        """PUT: the rule becomes the body (a field left out is cleared)."""
-        return self._firewall_change(p, body, "update")
-
-    def _firewall_change(self, p: dict[str, str], body: Any, kind: str) -> Any:
-        key = (p["project"], p["name"])
-        with self._lock:
-            current = self._firewalls.get(key)
-            if current is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/firewalls/{p['name']}' "
-                    "was not found",
-                    "notFound",
-                )
-            given = {k: v for k, v in (body or {}).items() if k != "name"}
-            if kind == "patch":
-                merged = {**current, **given, "name": current["name"]}
-            else:
-                merged = {**given, "name": current["name"]}
-            updated = _firewall_resource(p["project"], merged, keep=current)
-            catalog.check_firewall_network(p["project"], merged, self._project(p["project"]))
-            op = self._new_operation(p["project"], "global", kind, current)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            self._sleep(self.latency.firewall)
-            with self._lock:
-                if key in self._firewalls:
-                    self._firewalls[key] = updated
-
-        self._spawn(op, work)
-        return answer
-
-    def _api_firewalls_delete(
-        self, call: Call, p: dict[str, str], query: dict[str, str], b: Any
-    ) -> Any:
-        key = (p["project"], p["name"])
-        with self._lock:
-            current = self._firewalls.get(key)
-            if current is None:
-                raise ApiError(
-                    404,
-                    f"The resource 'projects/{p['project']}/global/firewalls/{p['name']}' "
-                    "was not found",
-                    "notFound",
-                )
-            op = self._new_operation(p["project"], "global", "delete", current)
-            answer = copy.deepcopy(op.resource)
-
-        def work() -> None:
-            self._sleep(self.latency.firewall)
-            with self._lock:
-                self._firewalls.pop(key, None)
-
-        self._spawn(op, work)
-        return answer
-
-
-# -- helpers -----------------------------------------------------------------------------
-
-
-def _check_labels(labels: Mapping[str, Any]) -> None:
-    if len(labels) > 64:
-        raise ApiError(400, "Too many labels (at most 64)", "invalid")
-    for key, value in labels.items():
-        if not _LABEL_KEY.match(str(key)):
-            raise ApiError(
-                400, f"Invalid value for field 'labels': key '{key}' is not a valid label key",
-                "invalid",
-            )
-        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-            raise ApiError(
-                400,
-                f"Invalid value for field 'labels': value '{value}' of label '{key}' is not "
-                "valid; use lowercase letters, digits, '_' and '-'",
-                "invalid",
-            )
-
-
-def _network_url(project: str, network: str | None) -> str:
-    network = network or "global/networks/default"
-    if network.startswith("https://"):
-        return network
-    if network.startswith("projects/"):
-        return f"{API_ROOT}/{network}"
-    if "/" not in network:
-        network = f"global/networks/{network}"
-    return f"{API_ROOT}/projects/{project}/{network}"
-
-
-def _nic(project: str, zone: str, nic: Mapping[str, Any], index: int) -> dict[str, Any]:
-    region = zone.rsplit("-", 1)[0]
-    subnetwork = nic.get("subnetwork")
-    if subnetwork and not subnetwork.startswith("https://"):
-        if subnetwork.startswith("projects/"):
-            subnetwork = f"{API_ROOT}/{subnetwork}"
-        else:
-            if "/" not in subnetwork:
-                subnetwork = f"regions/{region}/subnetworks/{subnetwork}"
-            subnetwork = f"{API_ROOT}/projects/{project}/{subnetwork}"
-    network = _network_url(project, nic.get("network"))
-    out: dict[str, Any] = {
-        "kind": "compute#networkInterface",
-        "name": f"nic{index}",
-        "network": network,
-        "subnetwork": subnetwork
-        or f"{API_ROOT}/projects/{project}/regions/{region}/subnetworks/{_last(network)}",
-        "fingerprint": _fingerprint([index, network]),
-        "stackType": "IPV4_ONLY",
-    }
-    accesses = []
-    for access in nic.get("accessConfigs") or []:
-        entry = {
-            "kind": "compute#accessConfig",
-            "type": access.get("type", "ONE_TO_ONE_NAT"),
-            "name": access.get("name", "External NAT"),
-            "networkTier": access.get("networkTier", "PREMIUM"),
-        }
-        if access.get("natIP"):
-            # A reserved static address stays through stop and start.
-            entry["x-fake-static"] = access["natIP"]
-        accesses.append(entry)
-    if accesses:
-        out["accessConfigs"] = accesses
-    return out
-
-
-# The fields of the v1 Firewall resource: no `labels` (its description is
-# where a client can say whose it is); GCE refuses a field it does not know.
-_FIREWALL_FIELDS = frozenset(
-    {"kind", "id", "creationTimestamp", "name", "description", "network", "priority",
-     "sourceRanges", "destinationRanges", "sourceTags", "targetTags", "sourceServiceAccounts",
-     "targetServiceAccounts", "allowed", "denied", "direction", "logConfig", "disabled",
-     "selfLink", "params"}
-)  # fmt: skip
-
-
-def _firewall_resource(
-    project: str, body: Any, keep: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ApiError(400, "Required field 'resource' not specified", "required")
-    if unknown := sorted(set(body) - _FIREWALL_FIELDS):
-        raise ApiError(
-            400,
-            f'Invalid JSON payload received. Unknown name "{unknown[0]}" at \'resource\': '
-            "Cannot find field.",
-            "invalid",
-        )
-    name = body.get("name")
-    if not name or not _NAME.match(name):
-        raise ApiError(400, f"Invalid value for field 'resource.name': '{name}'", "invalid")
-    allowed = body.get("allowed") or []
-    denied = body.get("denied") or []
-    if not allowed and not denied:
-        raise ApiError(
-            400, "Required field 'resource.allowed' or 'resource.denied' not specified",
-            "required",
-        )
-    if allowed and denied:
-        # One rule allows or denies, never both (the real API's 400).
-        raise ApiError(
-            400, "Invalid value for field 'resource': only one of 'allowed' or 'denied' "
-            "may be specified", "invalid",
-        )
-    priority = body.get("priority", 1000)
-    if not isinstance(priority, int) or not 0 <= priority <= 65535:
-        raise ApiError(
-            400, f"Invalid value for field 'resource.priority': '{priority}'. Must be "
-            "between 0 and 65535", "invalid",
-        )
-    for rule in [*allowed, *denied]:
-        if not rule.get("IPProtocol"):
-            raise ApiError(400, "Required field 'IPProtocol' not specified", "required")
-        for port in rule.get("ports") or []:
-            if not re.match(r"^\d+(-\d+)?$", str(port)):
-                raise ApiError(
-                    400, f"Invalid value for field 'ports': '{port}'", "invalid"
-                )
-    direction = body.get("direction") or "INGRESS"
-    source_ranges = list(body.get("sourceRanges") or [])
-    for cidr in source_ranges:
-        try:
-            ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            raise ApiError(
-                400, f"Invalid value for field 'resource.sourceRanges': '{cidr}'", "invalid"
-            ) from None
-    source_tags = list(body.get("sourceTags") or [])
-    if (
-        direction == "INGRESS"
-        and not source_ranges
-        and not source_tags
-        and not body.get("sourceServiceAccounts")
-    ):
-        # GCE's own default: an ingress rule with no source is open to the world.
-        source_ranges = ["0.0.0.0/0"]
-    resource: dict[str, Any] = {
-        "kind": "compute#firewall",
-        "id": keep["id"] if keep else _resource_id(),
-        "creationTimestamp": keep["creationTimestamp"] if keep else _now(),
-        "name": name,
-        "description": body.get("description", ""),
-        "network": _network_url(project, body.get("network")),
-        "priority": priority,
-        "direction": direction,
-        "logConfig": {"enable": False},
-        "disabled": bool(body.get("disabled", False)),
-        "selfLink": f"{API_ROOT}/projects/{project}/global/firewalls/{name}",
-    }
-    if allowed:
-        resource["allowed"] = allowed
-    if denied:
-        resource["denied"] = denied
-    if source_ranges:
-        resource["sourceRanges"] = source_ranges
-    if source_tags:
-        resource["sourceTags"] = source_tags
-    if body.get("targetTags"):
-        resource["targetTags"] = list(body["targetTags"])
-    if body.get("destinationRanges"):
-        resource["destinationRanges"] = list(body["destinationRanges"])
-    return resource
-
-
-def _page(
-    kind: str, base: str, items: list[dict[str, Any]], query: Mapping[str, str]
-) -> dict[str, Any]:
-    """One page of a list answer (``maxResults`` / ``pageToken``)."""
-    try:
-        start = int(base64.urlsafe_b64decode(query["pageToken"]).decode()) if query.get(
-            "pageToken"
-        ) else 0
-        size = int(query.get("maxResults") or 500)
-    except ValueError:
-        raise ApiError(400, "Invalid pageToken or maxResults", "invalid") from None
-    out: dict[str, Any] = {"kind": kind, "id": base, "selfLink": f"{API_ROOT}/{base}"}
-    page = items[start : start + size]
-    if page:
-        out["items"] = page
-    if start + size < len(items):
-        out["nextPageToken"] = base64.urlsafe_b64encode(str(start + size).encode()).decode()
-    return out
-
-
-_P = r"^/compute/v1/projects/(?P<project>[^/]+)"
-_Z = _P + r"/zones/(?P<zone>[^/]+)"
-_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    (m, re.compile(p + "$"), op)
-    for m, p, op in [
-        ("GET", _P + r"/aggregated/instances", "instances.aggregatedList"),
-        ("GET", _Z + r"/instances", "instances.list"),
-        ("POST", _Z + r"/instances", "instances.insert"),
-        ("POST", _Z + r"/instances/bulkInsert", "instances.bulkInsert"),
-        ("GET", _Z + r"/instances/(?P<name>[^/]+)", "instances.get"),
-        ("DELETE", _Z + r"/instances/(?P<name>[^/]+)", "instances.delete"),
-        ("POST", _Z + r"/instances/(?P<name>[^/]+)/start", "instances.start"),
-        ("POST", _Z + r"/instances/(?P<name>[^/]+)/stop", "instances.stop"),
-        ("POST", _Z + r"/instances/(?P<name>[^/]+)/resume", "instances.resume"),
-        ("POST", _Z + r"/instances/(?P<name>[^/]+)/setLabels", "instances.setLabels"),
-        ("POST", _Z + r"/instances/(?P<name>[^/]+)/setMetadata", "instances.setMetadata"),
-        ("GET", _Z + r"/instances/(?P<name>[^/]+)/getGuestAttributes",
-         "instances.getGuestAttributes"),
-        ("GET", _P + r"/global/firewalls", "firewalls.list"),
-        ("POST", _P + r"/global/firewalls", "firewalls.insert"),
-        ("GET", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.get"),
-        ("PATCH", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.patch"),
-        ("PUT", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.update"),
-        ("DELETE", _P + r"/global/firewalls/(?P<name>[^/]+)", "firewalls.delete"),
-        ("GET", r"^/compute/v1/projects/(?P<image_project>[^/]+)/global/images/family/"
-         r"(?P<name>[^/]+)", "images.getFromFamily"),
-        ("GET", r"^/compute/v1/projects/(?P<image_project>[^/]+)/global/images/(?P<name>[^/]+)",
-         "images.get"),
-        ("GET", _P + r"/global/networks/(?P<name>[^/]+)", "networks.get"),
-        ("GET", _P, "projects.get"),
-        ("GET", _Z + r"/operations/(?P<name>[^/]+)", "zoneOperations.get"),
-        ("POST", _Z + r"/operations/(?P<name>[^/]+)/wait", "zoneOperations.wait"),
-        ("GET", _P + r"/global/operations/(?P<name>[^/]+)", "globalOperations.get"),
-        ("POST", _P + r"/global/operations/(?P<name>[^/]+)/wait", "globalOperations.wait"),
-    ]
-]
-
-
-def _route(method: str, path: str) -> tuple[str, dict[str, str]] | None:
-    for route_method, pattern, op in _ROUTES:
-        if route_method != method:
-            continue
-        match = pattern.match(path)
-        if match:
-            return op, match.groupdict()
-    return None
-
-
-class _Handler(BaseHTTPRequestHandler):
-    # Keep-alive, as the client's pooled session expects.
-    protocol_version = "HTTP/1.1"
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body are separate writes: with Nagle on, the body
-        # waits for the client's delayed ACK (~40 ms per call).
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def _serve(self) -> None:
-        url = urlsplit(self.path)
-        query = dict(parse_qsl(url.query, keep_blank_values=True))
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        fake: FakeGce = self.server.fake  # type: ignore[attr-defined]
-        try:
-            body = json.loads(raw) if raw else None
-        except json.JSONDecodeError as exc:
-            status, payload = 400, ApiError(400, f"Invalid JSON payload: {exc}",
-                                            "parseError").payload()
-        else:
-            status, payload = fake.handle(
-                self.command, url.path, query, body, self.headers.get("Authorization")
-            )
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
-
-    def handle(self) -> None:
-        # A client that went away (a deploy.py killed mid-call) is no error here.
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            super().handle()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # The call log is the record; stderr noise would drown test output.
-        return
-
-
-_GENERATED: dict[str, tuple[str, str]] = {}
-_GENERATED_LOCK = threading.Lock()
-
-
-def generated_host_key(instance_id: str) -> tuple[str, str]:
-    """The default backend's host key of an instance: (private key in
-    OpenSSH PEM, public ``ssh-ed25519 <base64>`` line), made on first use."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    with _GENERATED_LOCK:
-        if instance_id not in _GENERATED:
-            key = Ed25519PrivateKey.generate()
-            private = key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            ).decode()
-            public = key.public_key().public_bytes(
-                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-            ).decode()
-            _GENERATED[instance_id] = (private, public)
-        return _GENERATED[instance_id]
+        """An ``instances.insert`` with no HTTP call (and no call recorded)."""
+        return self._inserts.insert(project, zone, body)
 
 
 def running_names(fake: FakeGce, statuses: Iterable[str] = ("RUNNING",)) -> list[str]:

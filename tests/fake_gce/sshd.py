@@ -22,7 +22,7 @@ from paramiko.common import (  # defined here; paramiko re-exports them, its stu
     OPEN_SUCCEEDED,
 )
 
-from tests.fake_gce.server import Addresses, InstanceBackend
+from tests.fake_gce.backend import Addresses, InstanceBackend
 
 
 class _Server(paramiko.ServerInterface):
