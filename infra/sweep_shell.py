@@ -15,8 +15,10 @@ shell, an option of a known shell that is not understood, ``env -S``,
 ``flock -c``, ``su -c``, ``ssh``, ``watch``...) a placeholder is refused,
 and so is one inside a script where the script itself runs text again
 (a nested ``bash -c``, ``eval``, ``trap``) or evaluates it as arithmetic
-(``$((...))``, ``((...))``, ``[[...]]``, ``let``: bash runs
-``a[$(cmd)]`` there).
+(``$((...))``, ``((...))``, ``[[...]]``, ``let``, ``${x:N}``, ``${a[N]}``,
+``$[...]``, ``a[N]=``, a variable declared ``-i``: bash runs ``a[$(cmd)]``
+there, quoted or not). A shell by another name (``ksh93``, ``rbash``) is
+that shell.
 """
 
 from __future__ import annotations
@@ -63,7 +65,17 @@ _RUNNERS: Mapping[str, frozenset[str]] = {
     "ssh": frozenset(),
     "watch": frozenset(),
     "parallel": frozenset(),
+    "rsh": frozenset(),  # a remote shell (or a restricted sh): code either way
+    "remsh": frozenset(),
+    "tmux": frozenset(),  # its commands are shell commands
+    "sg": frozenset(),  # sg GROUP COMMAND: run by /bin/sh -c
 }
+# A shell by another name: a version (ksh93, zsh-5.9, bash5.2), a static
+# build (dash.static) or a restricted one (rbash, rksh, rzsh). Its script
+# is that shell's; pasted as text into `ksh93 -c`, a value ran.
+_SHELL_VARIANT = re.compile(
+    r"^(?:r(?=(?:ba|k|z)sh))?(?P<shell>[a-z]+?)(?:[-_.]?[0-9][0-9a-z._-]*|[-.]static)?\Z"
+)
 # Builtins after which a script runs (or computes) text as code again.
 _RERUN = frozenset({"eval", "trap", "let", "alias"})
 
@@ -80,7 +92,14 @@ class ShellForms:
 
 
 def _program(word: str) -> str:
-    return PurePosixPath(word).name
+    """The program a word names, a shell by another name as that shell."""
+    name = PurePosixPath(word).name
+    if name in POSIX_SHELLS or name in OTHER_SHELLS or name in _RUNNERS:
+        return name
+    found = _SHELL_VARIANT.match(name)
+    if found and (found["shell"] in POSIX_SHELLS or found["shell"] in OTHER_SHELLS):
+        return found["shell"]
+    return name
 
 
 def _posix_script(argv: Sequence[str], at: int) -> int | None:
@@ -190,6 +209,26 @@ def in_script(script: str, values: Mapping[str, str]) -> str:
 
 # A word of a script, roughly: what a shell would split it at, quotes dropped.
 _WORD = re.compile(r"[^\s;&|()<>`'\"$]+")
+# An array's subscript still open (`a[`, zsh's `$a[`).
+_SUBSCRIPT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\[[^\]]*\Z")
+# A declaration of integer variables (bash, ksh, zsh), whose assignments compute.
+_INTEGER = re.compile(
+    r"(?:^|[\s;&|(])(?:(?:declare|typeset|local|readonly|export)\s+(?:-[A-Za-z]*\s+)*"
+    r"-[A-Za-z]*i|integer\s)"
+)
+
+
+def _unclosed(text: str, opener: str, closer: str) -> bool:
+    """Whether ``text`` ends inside ``opener``...``closer`` (nested ones counted)."""
+    depth, i = 0, 0
+    while i < len(text):
+        if text.startswith(opener, i):
+            depth, i = depth + 1, i + len(opener)
+            continue
+        if text[i] == closer and depth:
+            depth -= 1
+        i += 1
+    return depth > 0
 
 
 def _rerun_before(script: str, at: int) -> str | None:
@@ -201,6 +240,16 @@ def _rerun_before(script: str, at: int) -> str | None:
     for opener, closer, what in (("((", "))", "((...))"), ("[[", "]]", "[[...]]")):
         if before.count(opener) > before.count(closer):
             return f"the script's {what}"
+    # Arithmetic that bash also evaluates, where "${NAME}" is no help (the
+    # value is computed, and `a[$(cmd)]` in it runs): inside `${...}`
+    # (`${x:N}`, `${a[N]}`), `$[...]`, an array's subscript (`a[N]=`), or
+    # in a script that declares integer variables (`declare -i n; n=V`).
+    if _unclosed(before, "${", "}") or _unclosed(before, "$[", "]"):
+        return "the script's ${...}"
+    if _SUBSCRIPT.search(before):
+        return "the script's array subscript"
+    if _INTEGER.search(before):
+        return "the script's integer variables"
     words = _WORD.findall(before)
     for k, word in enumerate(words):
         program = _program(word)

@@ -92,6 +92,50 @@ def test_a_value_in_shell_code_it_cannot_quote_for_is_refused(
     assert len(str(info.value).splitlines()) == 1
 
 
+# Computed, not only expanded: bash evaluates arithmetic in a value, and
+# `a[$(cmd)]` there runs cmd, quotes or not.
+ARITHMETIC = "a[$(touch pwned-arith)]"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        'a=(1 2 3); echo "${a[{x}]}"',  # an array element by index
+        "a[{x}]=1",
+        's=abcdef; echo "${s:{x}}"',  # a substring's offset
+        "f() { :; }; s=ab; echo ${s:-x}${s:{x}:1}",
+        "echo $[{x} + 1]",
+        "declare -i n; n={x}; echo $n",
+        "typeset -ri n={x}",
+    ],
+)
+def test_a_value_where_the_script_computes_is_refused(script: str, tmp_path: Path) -> None:
+    """Each of these, given "${X}" for the placeholder, ran the value's
+    command substitution (checked here with real bash first)."""
+    pasted = script.replace("{x}", '"${X}"')
+    env = {**os.environ, "X": ARITHMETIC}
+    subprocess.run(["bash", "-c", pasted], cwd=tmp_path, env=env, capture_output=True, check=False)
+    assert (tmp_path / "pwned-arith").exists(), pasted  # the form is a real one
+    with pytest.raises(ConfigError, match=r"^COMMAND: \{x\} is in shell code run by the script's"):
+        command_spec(["bash", "-c", script], parse_params(["x=1"]))
+
+
+@pytest.mark.parametrize("name", ["ksh93", "rbash", "zsh-5.9", "bash5.2", "dash.static"])
+def test_a_shell_by_another_name_gets_no_value_as_code(name: str, tmp_path: Path) -> None:
+    """A version in its name (ksh93, zsh-5.9), a static build or a
+    restricted shell (rbash) is that shell: `ksh93 -c 'echo {x}'` ran the
+    value."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    real = shutil.which("bash")
+    assert real is not None
+    (shims / name).symlink_to(real)
+    words = substitute([name, "-c", "echo {x}"], {"x": HOSTILE})
+    assert "touch pwned;" in run_in(tmp_path, words, shims)
+    with pytest.raises(ConfigError, match="run by rsh"):
+        command_spec(["rsh", "host", "echo {x}"], parse_params(["x=1"]))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -101,6 +145,8 @@ def test_a_value_in_shell_code_it_cannot_quote_for_is_refused(
         ["bash", "-c", 'python fit.py --lr "$1"', "_", "{x}"],  # a script's argument
         ["bash", "fit.sh", "{x}"],  # a script file: its arguments are data
         ["bash", "-c", "cd out && env A=1 python fit.py --lr {x}"],
+        ["bash", "-c", 'f() { :; }; [ {x} -gt 0 ] && local -r v={x} && echo "${HOME}/{x}"'],
+        ["./finish.sh", "{x}"],  # a program whose name ends as a shell's does
     ],
 )
 def test_argv_and_positional_arguments_still_take_values(argv: list[str]) -> None:
