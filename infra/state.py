@@ -43,6 +43,10 @@ log = logging.getLogger("tfcluster")
 # The state's key for the cluster's id (``ClusterState.cluster_id``): 12 hex
 # digits, a valid GCE label value and a plain folder name.
 CLUSTER_ID = "cluster_id"
+# Whether the state is older than its id (an older tfcluster's: it had
+# nodes, a job or its key when the id was made): only such a state takes
+# the cluster's nodes and rules that carry no id as its own.
+ADOPTS = "adopts_unmarked"
 _ID = re.compile(r"^[0-9a-f]{12}\Z")
 
 
@@ -120,10 +124,24 @@ class ClusterState:
         if self._id is None:  # read once: it never changes once made
             found = self.get(CLUSTER_ID)
             if not (isinstance(found, str) and _ID.match(found)):
-                data = self.modify(lambda d: d.setdefault(CLUSTER_ID, secrets.token_hex(6)))
+                data = self.modify(self._make_id)
                 found = str(data[CLUSTER_ID])
             self._id = found
         return self._id
+
+    def _make_id(self, data: dict[str, Any]) -> None:
+        if CLUSTER_ID in data:  # another command made it meanwhile
+            return
+        data[ADOPTS] = bool(data.get("nodes") or data.get("last_job") or self.key_file.exists())
+        data[CLUSTER_ID] = secrets.token_hex(6)
+
+    def adopts_unmarked(self) -> bool:
+        """Whether nodes and rules of the cluster's name that carry no id
+        (made by a tfcluster without ids) are this state's: only where the
+        state is older than its id. A new state (another person's, who kept
+        the name) never takes them: its `up` would replace their ssh-keys."""
+        self.cluster_id()
+        return self.get(ADOPTS) is True
 
     # -- the file ------------------------------------------------------------------
 
