@@ -141,7 +141,9 @@ class ClusterState:
         state is older than its id. A new state (another person's, who kept
         the name) never takes them: its `up` would replace their ssh-keys."""
         self.cluster_id()
-        return self.get(ADOPTS) is True
+        # No word either way: an id made before this key existed, by a
+        # tfcluster that took them all.
+        return self.get(ADOPTS) is not False
 
     # -- the file ------------------------------------------------------------------
 
