@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.config import check_env_name
+from infra.config import check_env, check_env_name
 from infra.errors import ConfigError
 from infra.sweep_shell import PLACEHOLDER, in_script, refuse, shell_forms
 
@@ -170,8 +170,8 @@ def command_spec(
         raise ConfigError("no command to run: put it after --, e.g. -- python train.py")
     check_placeholders(argv, params)
     substitute(argv, dict.fromkeys(params, ""))  # a placeholder in '...': refused now
-    for name in env or {}:
-        if (problem := check_env_name(name)) is not None:
+    for name, value in (env or {}).items():
+        if (problem := check_env(name, value)) is not None:
             raise ConfigError(f"--env: {problem}")
     return SweepSpec(
         sweep_id=new_sweep_id(),
