@@ -17,7 +17,8 @@ lock of its own (``state.lock``, apart from the command lock in
 fsync'ed, then renamed over the old one. A state file that cannot be
 trusted (not a file, not UTF-8 JSON, not an object, a broken last job) is
 set aside once, with one warning, and the cluster starts from an empty
-cache that the provider's view fills in again.
+cache that the provider's view fills in again; its id, when sound, is kept
+(nothing could fill it in again).
 """
 
 from __future__ import annotations
@@ -184,7 +185,14 @@ class ClusterState:
             return self._set_aside(f"a JSON {type(data).__name__}, not an object")
         problem = _check(data)
         if problem:
-            return self._set_aside(problem)
+            aside = self._set_aside(problem)
+            found = data.get(CLUSTER_ID)
+            if isinstance(found, str) and _ID.match(found):
+                # The id is what makes the cluster's nodes and folders its
+                # own: it is kept, not rebuilt (nothing could rebuild it).
+                aside = {CLUSTER_ID: found, **({ADOPTS: data[ADOPTS]} if ADOPTS in data else {})}
+                self._write(aside)
+            return aside
         return data
 
     def _write(self, data: dict[str, Any]) -> None:
