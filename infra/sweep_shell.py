@@ -180,7 +180,26 @@ def in_script(script: str, values: Mapping[str, str]) -> str:
     out: list[str] = []
     quote = ""
     i = 0
+    docs: list[tuple[str, bool, bool]] = []  # here-documents whose bodies start at the next line
     while i < len(script):
+        if not quote and script.startswith("<<<", i):  # a here-string: a word as any
+            out.append("<<<")
+            i += 3
+            continue
+        if not quote and (doc := _HEREDOC.match(script, i)):
+            word = doc["word"]
+            docs.append((re.sub(r"['\"\\]", "", word), word != re.sub(r"['\"\\]", "", word),
+                         bool(doc["tabs"])))  # fmt: skip
+            out.append(doc.group(0))
+            i = doc.end()
+            continue
+        if script[i] == "\n" and not quote and docs:
+            out.append("\n")
+            i += 1
+            for delimiter, quoted, tabs in docs:
+                i = _heredoc_body(script, i, delimiter, quoted, tabs, values, out)
+            docs = []
+            continue
         match = PLACEHOLDER.match(script, i)
         if match and match.group(1) in values:
             name = match.group(1)
@@ -205,6 +224,52 @@ def in_script(script: str, values: Mapping[str, str]) -> str:
         out.append(char)
         i += 1
     return "".join(out)
+
+
+# `<<WORD`, `<<-WORD`, `<< 'WORD'` (not `<<<`): a here-document's operator.
+_HEREDOC = re.compile(r"<<(?!<)(?P<tabs>-?)[ \t]*(?P<word>[^\s;&|()<>]+)")
+
+
+def _heredoc_body(
+    script: str,
+    i: int,
+    delimiter: str,
+    quoted: bool,
+    tabs: bool,
+    values: Mapping[str, str],
+    out: list[str],
+) -> int:
+    """A here-document's body from ``i`` to its delimiter's line, into
+    ``out``; where it ends. Quotes are text there (``"${NAME}"`` would give
+    the program the quotes too): a placeholder is ``${NAME}``, expanded as
+    data. Under a quoted delimiter (``<<'EOF'``) nothing expands: refused,
+    as in '...'."""
+    while i < len(script):
+        end = script.find("\n", i)
+        end = len(script) if end < 0 else end + 1
+        line = script[i:end]
+        if (line.rstrip("\n").lstrip("\t") if tabs else line.rstrip("\n")) == delimiter:
+            out.append(line)
+            return end
+        for match in PLACEHOLDER.finditer(line):
+            name = match.group(1)
+            if name not in values:
+                continue
+            if quoted:
+                raise ConfigError(
+                    f"COMMAND: {{{name}}} is in a here-document with a quoted delimiter "
+                    f"(<<'{delimiter}'), where no value expands; read ${name.upper()} there"
+                )
+            if (why := _rerun_before(script, i + match.start())) is not None:
+                raise refuse(name, why)
+        out.append(PLACEHOLDER.sub(lambda m: _ref(m, values), line))
+        i = end
+    return i
+
+
+def _ref(match: re.Match[str], values: Mapping[str, str]) -> str:
+    name = match.group(1)
+    return "${" + name.upper() + "}" if name in values else match.group(0)
 
 
 # A word of a script, roughly: what a shell would split it at, quotes dropped.

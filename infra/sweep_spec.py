@@ -96,8 +96,9 @@ def substitute(argv: Sequence[str], values: Mapping[str, str]) -> tuple[str, ...
     SCRIPT``, ``sh -ec``, ``bash --rcfile F -lc``, ``env bash -x -c``...)
     the placeholder becomes a reference to the trial's variable
     (``"${NAME}"``, in double quotes ``${NAME}``), whose value the shell
-    never reads as code, whatever quotes, heredoc or ``$(...)`` the script
-    puts it in. In single quotes a variable is not expanded, and in shell
+    never reads as code, whatever quotes or ``$(...)`` the script puts it in
+    (in a here-document's body, where quotes are text, ``${NAME}``). In
+    single quotes or under ``<<'EOF'`` a variable is not expanded, and in shell
     code tfcluster cannot quote for (``fish -c``, ``env -S``, ``flock -c``,
     a nested ``bash -c``, ``eval``...) nothing is safe: refused
     (ConfigError)."""

@@ -92,6 +92,33 @@ def test_a_value_in_shell_code_it_cannot_quote_for_is_refused(
     assert len(str(info.value).splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("script", "got"),
+    [
+        ("python3 - <<EOF\nprint(repr({x}))\nEOF", "0.5\n"),  # Python code, as typed
+        ("cat <<-EOF\n\tlr={x} done\n\tEOF\necho {x}", "lr=0.5 done\n0.5\n"),
+        ('cat <<A; cat <<"B"\n{x}\nA\nno value here\nB', "0.5\nno value here\n"),
+        ('cat <<<{x}; cat <<< "a {x}"', "0.5\na 0.5\n"),
+    ],
+)
+def test_a_value_in_a_here_document_arrives_as_it_is(script: str, got: str, tmp_path: Path) -> None:
+    """In a here-document's body quotes are text: '"${X}"' there gave the
+    program the quotes too (`lr = "0.5"`, a str for Python where 0.5 was
+    meant). The value arrives as it is, still never run by the shell."""
+    words = substitute(["bash", "-c", script], {"x": "0.5"})
+    env = {**os.environ, "X": "0.5"}
+    done = subprocess.run(words, cwd=tmp_path, capture_output=True, text=True, env=env, check=True)
+    assert done.stdout == got, words
+    run_in(tmp_path, substitute(["bash", "-c", script], {"x": HOSTILE}))
+
+
+def test_a_value_in_a_here_document_that_expands_nothing_is_refused() -> None:
+    """Under a quoted delimiter nothing expands: the program got the text
+    "${X}" instead of the value, silently."""
+    with pytest.raises(ConfigError, match=r"here-document with a quoted delimiter \(<<'EOF'\)"):
+        command_spec(["bash", "-c", "python3 - <<'EOF'\nlr = {x}\nEOF"], parse_params(["x=1"]))
+
+
 # Computed, not only expanded: bash evaluates arithmetic in a value, and
 # `a[$(cmd)]` there runs cmd, quotes or not.
 ARITHMETIC = "a[$(touch pwned-arith)]"
