@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from infra.cluster_base import locked
 from infra.cluster_bucket import ClusterBucket
-from infra.config import check_env_name
+from infra.config import check_env
 from infra.destination import check_destination
 from infra.errors import (
     ConfigError,
@@ -158,8 +158,8 @@ class ClusterJobs(ClusterBucket):
         if not argv:
             raise ConfigError("no command to run: put it after --, e.g. -- python train.py")
         variables = {**self.config.job.env, **(env or {})}
-        for name in variables:
-            if (problem := check_env_name(name)) is not None:
+        for name, value in variables.items():
+            if (problem := check_env(name, value)) is not None:
                 raise ConfigError(f"--env: {problem}")
         notes: tuple[str, ...] = ()
         legacy = legacy_keras(argv, workdir, variables) if workdir is not None else None

@@ -32,12 +32,13 @@ import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
 from infra.config_base import show
-from infra.config_schema import ClusterConfig, SshConfig, _KeyedError, check_env_name
+from infra.config_schema import ClusterConfig, SshConfig, _KeyedError, check_env, check_env_name
 from infra.errors import ConfigError
 
 __all__ = [
     "ClusterConfig",
     "SshConfig",
+    "check_env",
     "check_env_name",
     "default_config",
     "load_config",

@@ -68,6 +68,28 @@ def check_env_name(name: str) -> str | None:
     return None
 
 
+# Linux's limit on one NAME=value string of a process's environment
+# (MAX_ARG_STRLEN, 32 pages): a longer one cannot start any process.
+ENV_ENTRY_MAX = 131072
+
+
+def check_env(name: str, value: str) -> str | None:
+    """Why ``name=value`` cannot be set for a job's tasks; None if it can.
+    No environment holds a NUL (the values' file ends each entry with one:
+    ``abc\\0PATH=/x`` set PATH, reserved, and broke every task), nor an
+    entry past the kernel's limit (every task then failed to start)."""
+    if (problem := check_env_name(name)) is not None:
+        return problem
+    if "\0" in value:
+        return f"{name}: its value holds a NUL character, which no environment can"
+    if len(f"{name}={value}".encode()) >= ENV_ENTRY_MAX:
+        return (
+            f"{name}: its value is over {ENV_ENTRY_MAX // 1024} KiB, "
+            "more than Linux gives one variable"
+        )
+    return None
+
+
 def _as_list(value: Any) -> Any:
     """Roles accept one node or a list of nodes."""
     if value is None:
@@ -228,8 +250,8 @@ class JobConfig(Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if (problem := check_env_name(name)) is not None:
+        for name, value in env.items():
+            if (problem := check_env(name, value)) is not None:
                 raise ValueError(problem)
         return env
 

@@ -37,9 +37,14 @@ def parse_stopped(stdout: str) -> list[str]:
 
 
 def parse_readiness(stdout: str) -> dict[str, str]:
-    """``ready ps-0`` / ``dead worker-1`` / ``timeout chief-0`` lines."""
+    """``ready ps-0`` / ``dead worker-1`` / ``timeout chief-0`` lines: those
+    before the tasks' own lines (``lines``, ``@log``), which are their
+    output, and a line of output may hold a break of its own (a progress
+    bar's carriage return) followed by any words."""
     result: dict[str, str] = {}
-    for line in stdout.splitlines():
+    for line in stdout.split("\n"):
+        if line.startswith(("lines ", "@log ")):
+            break
         parts = line.split()
         if len(parts) == 2 and parts[0] in ("ready", "dead", "timeout"):
             result[parts[1]] = parts[0]
@@ -53,14 +58,16 @@ def parse_output(stdout: str) -> dict[str, tuple[int, list[str]]]:
     out, as is a line of a task with no count."""
     counts: dict[str, int] = {}
     logged: dict[str, list[str]] = {}
-    for line in stdout.splitlines():
+    # At newlines only: the task's line is one line whatever it holds. Its
+    # count comes before its lines: one a line of output makes comes later.
+    for line in stdout.split("\n"):
         if line.startswith("@log "):
             _, name, text = [*line.split(" ", 2), ""][:3]
             logged.setdefault(name, []).append(node_text(text))
             continue
         parts = line.split()
         if len(parts) == 3 and parts[0] == "lines" and (n := int_of(parts[2])) is not None:
-            counts[parts[1]] = n
+            counts.setdefault(parts[1], n)
     return {name: (n, logged.get(name, [])) for name, n in counts.items()}
 
 

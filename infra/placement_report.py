@@ -38,7 +38,7 @@ def placement_rows(summary: Mapping[str, Any]) -> list[DevicePlacement]:
         if isinstance(path, str) and isinstance(device, str):
             held.setdefault(device, []).append(path)
     return [
-        DevicePlacement(device, tuple(sorted(paths)), _int(sizes.get(device)))
+        DevicePlacement(device, tuple(sorted(paths)), _bytes(sizes.get(device)))
         for device, paths in sorted(held.items())
     ]
 
@@ -59,6 +59,13 @@ def pipeline_text(summary: Mapping[str, Any]) -> str | None:
     if isinstance(seconds, list) and all(_number(s) is not None for s in seconds):
         text += "; compute seconds per stage: " + ", ".join(f"{s:.1f}" for s in seconds)
     return text
+
+
+def _bytes(value: Any) -> int | None:
+    """A byte count: a whole number a float holds (10**400 is none: its MB
+    raised OverflowError)."""
+    found = _int(value)
+    return found if found is not None and 0 <= found < 2**63 else None
 
 
 def _int(value: Any) -> int | None:

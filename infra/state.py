@@ -17,7 +17,8 @@ lock of its own (``state.lock``, apart from the command lock in
 fsync'ed, then renamed over the old one. A state file that cannot be
 trusted (not a file, not UTF-8 JSON, not an object, a broken last job) is
 set aside once, with one warning, and the cluster starts from an empty
-cache that the provider's view fills in again.
+cache that the provider's view fills in again; its id, when sound, is kept
+(nothing could fill it in again).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ log = logging.getLogger("tfcluster")
 # The state's key for the cluster's id (``ClusterState.cluster_id``): 12 hex
 # digits, a valid GCE label value and a plain folder name.
 CLUSTER_ID = "cluster_id"
+# Whether the state is older than its id (an older tfcluster's: it had
+# nodes, a job or its key when the id was made): only such a state takes
+# the cluster's nodes and rules that carry no id as its own.
+ADOPTS = "adopts_unmarked"
 _ID = re.compile(r"^[0-9a-f]{12}\Z")
 
 
@@ -120,10 +125,26 @@ class ClusterState:
         if self._id is None:  # read once: it never changes once made
             found = self.get(CLUSTER_ID)
             if not (isinstance(found, str) and _ID.match(found)):
-                data = self.modify(lambda d: d.setdefault(CLUSTER_ID, secrets.token_hex(6)))
+                data = self.modify(self._make_id)
                 found = str(data[CLUSTER_ID])
             self._id = found
         return self._id
+
+    def _make_id(self, data: dict[str, Any]) -> None:
+        if CLUSTER_ID in data:  # another command made it meanwhile
+            return
+        data[ADOPTS] = bool(data.get("nodes") or data.get("last_job") or self.key_file.exists())
+        data[CLUSTER_ID] = secrets.token_hex(6)
+
+    def adopts_unmarked(self) -> bool:
+        """Whether nodes and rules of the cluster's name that carry no id
+        (made by a tfcluster without ids) are this state's: only where the
+        state is older than its id. A new state (another person's, who kept
+        the name) never takes them: its `up` would replace their ssh-keys."""
+        self.cluster_id()
+        # No word either way: an id made before this key existed, by a
+        # tfcluster that took them all.
+        return self.get(ADOPTS) is not False
 
     # -- the file ------------------------------------------------------------------
 
@@ -164,7 +185,14 @@ class ClusterState:
             return self._set_aside(f"a JSON {type(data).__name__}, not an object")
         problem = _check(data)
         if problem:
-            return self._set_aside(problem)
+            aside = self._set_aside(problem)
+            found = data.get(CLUSTER_ID)
+            if isinstance(found, str) and _ID.match(found):
+                # The id is what makes the cluster's nodes and folders its
+                # own: it is kept, not rebuilt (nothing could rebuild it).
+                aside = {CLUSTER_ID: found, **({ADOPTS: data[ADOPTS]} if ADOPTS in data else {})}
+                self._write(aside)
+            return aside
         return data
 
     def _write(self, data: dict[str, Any]) -> None:

@@ -15,8 +15,10 @@ shell, an option of a known shell that is not understood, ``env -S``,
 ``flock -c``, ``su -c``, ``ssh``, ``watch``...) a placeholder is refused,
 and so is one inside a script where the script itself runs text again
 (a nested ``bash -c``, ``eval``, ``trap``) or evaluates it as arithmetic
-(``$((...))``, ``((...))``, ``[[...]]``, ``let``: bash runs
-``a[$(cmd)]`` there).
+(``$((...))``, ``((...))``, ``[[...]]``, ``let``, ``${x:N}``, ``${a[N]}``,
+``$[...]``, ``a[N]=``, a variable declared ``-i``: bash runs ``a[$(cmd)]``
+there, quoted or not). A shell by another name (``ksh93``, ``rbash``) is
+that shell.
 """
 
 from __future__ import annotations
@@ -63,7 +65,17 @@ _RUNNERS: Mapping[str, frozenset[str]] = {
     "ssh": frozenset(),
     "watch": frozenset(),
     "parallel": frozenset(),
+    "rsh": frozenset(),  # a remote shell (or a restricted sh): code either way
+    "remsh": frozenset(),
+    "tmux": frozenset(),  # its commands are shell commands
+    "sg": frozenset(),  # sg GROUP COMMAND: run by /bin/sh -c
 }
+# A shell by another name: a version (ksh93, zsh-5.9, bash5.2), a static
+# build (dash.static) or a restricted one (rbash, rksh, rzsh). Its script
+# is that shell's; pasted as text into `ksh93 -c`, a value ran.
+_SHELL_VARIANT = re.compile(
+    r"^(?:r(?=(?:ba|k|z)sh))?(?P<shell>[a-z]+?)(?:[-_.]?[0-9][0-9a-z._-]*|[-.]static)?\Z"
+)
 # Builtins after which a script runs (or computes) text as code again.
 _RERUN = frozenset({"eval", "trap", "let", "alias"})
 
@@ -80,7 +92,14 @@ class ShellForms:
 
 
 def _program(word: str) -> str:
-    return PurePosixPath(word).name
+    """The program a word names, a shell by another name as that shell."""
+    name = PurePosixPath(word).name
+    if name in POSIX_SHELLS or name in OTHER_SHELLS or name in _RUNNERS:
+        return name
+    found = _SHELL_VARIANT.match(name)
+    if found and (found["shell"] in POSIX_SHELLS or found["shell"] in OTHER_SHELLS):
+        return found["shell"]
+    return name
 
 
 def _posix_script(argv: Sequence[str], at: int) -> int | None:
@@ -161,7 +180,26 @@ def in_script(script: str, values: Mapping[str, str]) -> str:
     out: list[str] = []
     quote = ""
     i = 0
+    docs: list[tuple[str, bool, bool]] = []  # here-documents whose bodies start at the next line
     while i < len(script):
+        if not quote and script.startswith("<<<", i):  # a here-string: a word as any
+            out.append("<<<")
+            i += 3
+            continue
+        if not quote and (doc := _HEREDOC.match(script, i)):
+            word = doc["word"]
+            docs.append((re.sub(r"['\"\\]", "", word), word != re.sub(r"['\"\\]", "", word),
+                         bool(doc["tabs"])))  # fmt: skip
+            out.append(doc.group(0))
+            i = doc.end()
+            continue
+        if script[i] == "\n" and not quote and docs:
+            out.append("\n")
+            i += 1
+            for delimiter, quoted, tabs in docs:
+                i = _heredoc_body(script, i, delimiter, quoted, tabs, values, out)
+            docs = []
+            continue
         match = PLACEHOLDER.match(script, i)
         if match and match.group(1) in values:
             name = match.group(1)
@@ -188,8 +226,74 @@ def in_script(script: str, values: Mapping[str, str]) -> str:
     return "".join(out)
 
 
+# `<<WORD`, `<<-WORD`, `<< 'WORD'` (not `<<<`): a here-document's operator.
+_HEREDOC = re.compile(r"<<(?!<)(?P<tabs>-?)[ \t]*(?P<word>[^\s;&|()<>]+)")
+
+
+def _heredoc_body(
+    script: str,
+    i: int,
+    delimiter: str,
+    quoted: bool,
+    tabs: bool,
+    values: Mapping[str, str],
+    out: list[str],
+) -> int:
+    """A here-document's body from ``i`` to its delimiter's line, into
+    ``out``; where it ends. Quotes are text there (``"${NAME}"`` would give
+    the program the quotes too): a placeholder is ``${NAME}``, expanded as
+    data. Under a quoted delimiter (``<<'EOF'``) nothing expands: refused,
+    as in '...'."""
+    while i < len(script):
+        end = script.find("\n", i)
+        end = len(script) if end < 0 else end + 1
+        line = script[i:end]
+        if (line.rstrip("\n").lstrip("\t") if tabs else line.rstrip("\n")) == delimiter:
+            out.append(line)
+            return end
+        for match in PLACEHOLDER.finditer(line):
+            name = match.group(1)
+            if name not in values:
+                continue
+            if quoted:
+                raise ConfigError(
+                    f"COMMAND: {{{name}}} is in a here-document with a quoted delimiter "
+                    f"(<<'{delimiter}'), where no value expands; read ${name.upper()} there"
+                )
+            if (why := _rerun_before(script, i + match.start())) is not None:
+                raise refuse(name, why)
+        out.append(PLACEHOLDER.sub(lambda m: _ref(m, values), line))
+        i = end
+    return i
+
+
+def _ref(match: re.Match[str], values: Mapping[str, str]) -> str:
+    name = match.group(1)
+    return "${" + name.upper() + "}" if name in values else match.group(0)
+
+
 # A word of a script, roughly: what a shell would split it at, quotes dropped.
 _WORD = re.compile(r"[^\s;&|()<>`'\"$]+")
+# An array's subscript still open (`a[`, zsh's `$a[`).
+_SUBSCRIPT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\[[^\]]*\Z")
+# A declaration of integer variables (bash, ksh, zsh), whose assignments compute.
+_INTEGER = re.compile(
+    r"(?:^|[\s;&|(])(?:(?:declare|typeset|local|readonly|export)\s+(?:-[A-Za-z]*\s+)*"
+    r"-[A-Za-z]*i|integer\s)"
+)
+
+
+def _unclosed(text: str, opener: str, closer: str) -> bool:
+    """Whether ``text`` ends inside ``opener``...``closer`` (nested ones counted)."""
+    depth, i = 0, 0
+    while i < len(text):
+        if text.startswith(opener, i):
+            depth, i = depth + 1, i + len(opener)
+            continue
+        if text[i] == closer and depth:
+            depth -= 1
+        i += 1
+    return depth > 0
 
 
 def _rerun_before(script: str, at: int) -> str | None:
@@ -201,6 +305,16 @@ def _rerun_before(script: str, at: int) -> str | None:
     for opener, closer, what in (("((", "))", "((...))"), ("[[", "]]", "[[...]]")):
         if before.count(opener) > before.count(closer):
             return f"the script's {what}"
+    # Arithmetic that bash also evaluates, where "${NAME}" is no help (the
+    # value is computed, and `a[$(cmd)]` in it runs): inside `${...}`
+    # (`${x:N}`, `${a[N]}`), `$[...]`, an array's subscript (`a[N]=`), or
+    # in a script that declares integer variables (`declare -i n; n=V`).
+    if _unclosed(before, "${", "}") or _unclosed(before, "$[", "]"):
+        return "the script's ${...}"
+    if _SUBSCRIPT.search(before):
+        return "the script's array subscript"
+    if _INTEGER.search(before):
+        return "the script's integer variables"
     words = _WORD.findall(before)
     for k, word in enumerate(words):
         program = _program(word)

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.config import check_env_name
+from infra.config import check_env, check_env_name
 from infra.errors import ConfigError
 from infra.sweep_shell import PLACEHOLDER, in_script, refuse, shell_forms
 
@@ -96,8 +96,9 @@ def substitute(argv: Sequence[str], values: Mapping[str, str]) -> tuple[str, ...
     SCRIPT``, ``sh -ec``, ``bash --rcfile F -lc``, ``env bash -x -c``...)
     the placeholder becomes a reference to the trial's variable
     (``"${NAME}"``, in double quotes ``${NAME}``), whose value the shell
-    never reads as code, whatever quotes, heredoc or ``$(...)`` the script
-    puts it in. In single quotes a variable is not expanded, and in shell
+    never reads as code, whatever quotes or ``$(...)`` the script puts it in
+    (in a here-document's body, where quotes are text, ``${NAME}``). In
+    single quotes or under ``<<'EOF'`` a variable is not expanded, and in shell
     code tfcluster cannot quote for (``fish -c``, ``env -S``, ``flock -c``,
     a nested ``bash -c``, ``eval``...) nothing is safe: refused
     (ConfigError)."""
@@ -170,8 +171,8 @@ def command_spec(
         raise ConfigError("no command to run: put it after --, e.g. -- python train.py")
     check_placeholders(argv, params)
     substitute(argv, dict.fromkeys(params, ""))  # a placeholder in '...': refused now
-    for name in env or {}:
-        if (problem := check_env_name(name)) is not None:
+    for name, value in (env or {}).items():
+        if (problem := check_env(name, value)) is not None:
             raise ConfigError(f"--env: {problem}")
     return SweepSpec(
         sweep_id=new_sweep_id(),

@@ -14,7 +14,9 @@ that ends the task once the chief has ended, node-side. Three kinds:
   machine). The chief is *this job's* once its pid file no longer holds
   what it held before the task started (the start script reads it first,
   and starts the chief's node's other tasks before the chief), or once the
-  process it names carries this job's ``TFCLUSTER_RUN_ID``. It has ended
+  process it names (pid *and* start tick: after a reboot a task of this
+  very job may have the pid of the last boot's chief) carries this job's
+  ``TFCLUSTER_RUN_ID``. It has ended
   when that process (pid *and* start tick, as ``alive_pid``) is gone, two
   looks in a row, a second apart. Works whatever the chief runs.
 - ``tcp``: the chief is on another machine. The only way there that exists
@@ -144,7 +146,8 @@ tfc_watch() {
     pid)
       p= t=; read -r p t 2>/dev/null < "$a"
       if [ $armed = 0 ] && [ -n "$p" ]; then
-        { [ "$p $t" != "$b" ] || tfc_has "$p" "TFCLUSTER_RUN_ID=$c"; } && armed=1
+        { [ "$p $t" != "$b" ] || { tfc_stat "$p" && [ "$tfc_tick" = "$t" ] &&
+          tfc_has "$p" "TFCLUSTER_RUN_ID=$c"; }; } && armed=1
       fi
       if [ $armed = 1 ]; then
         if [ -n "$t" ] && tfc_stat "$p" && [ "$tfc_tick" = "$t" ]; then miss=0

@@ -15,7 +15,7 @@ files the node's program wrote into ignored places stay.
 Never sent from any folder (``Secrets``: ``setup.sync`` folders too):
 tfcluster's own state, the credentials the config names, ``.ssh`` and
 ``.gnupg``. A symlink is sent as the file it points to when that is inside
-the working folder, and left out otherwise; a name the sync cannot carry
+the working folder (and not itself left out), and left out otherwise; a name the sync cannot carry
 (a line break, not UTF-8) is left out. Each is said once.
 """
 
@@ -237,6 +237,11 @@ class WorkdirFilter:
                 return None
             if not target.is_file():
                 left_out(path, rel, "a symlink to no file")
+                return None
+            if self.ignored(target.relative_to(self.real_root).as_posix()):
+                # Its content would go under the link's name: a key in .ssh/,
+                # a file .gitignore keeps here.
+                left_out(path, rel, "a symlink to a file that is not synced")
                 return None
             return path
         return path if path.is_file() else None  # skips sockets, FIFOs

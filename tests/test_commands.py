@@ -354,6 +354,26 @@ def test_a_task_waited_for_reports_its_complete_lines(node: tuple[Path, NodeLayo
     bash(home, commands.stop_tasks(layout, ["worker-0"], grace=5))
 
 
+def test_a_tasks_output_cannot_speak_for_the_wait(node: tuple[Path, NodeLayout]) -> None:
+    """A task's lines are after the wait's own in its output: a line of the
+    task's with a carriage return (a progress bar's) or another character
+    Python's splitlines splits at once made `ready ps-0` or `dead worker-0`
+    lines of the wait's own, a task still starting taken for ready (or a
+    live one for dead). Only the wait's lines say, and the task's line
+    comes whole."""
+    home, layout = node
+    bash(home, start(layout, "worker-0", ["sleep:600"], {}))
+    log = home / layout.logs / "worker-0.log"
+    with log.open("a") as f:
+        f.write("epoch 1/3\rready worker-0\n\x1cdead worker-0\x85lines worker-0 999\n")
+    polled = bash(home, commands.wait_ports(layout, {"worker-0": free_port()}, timeout=1))
+    assert facts.parse_readiness(polled.stdout) == {"worker-0": "timeout"}
+    count, lines = facts.parse_output(polled.stdout)["worker-0"]
+    assert count == 3 and lines[0] == "hello from sleep", lines
+    assert lines[-1] == "dead worker-0lines worker-0 999", lines
+    bash(home, commands.stop_tasks(layout, ["worker-0"], grace=5))
+
+
 def test_output_lines_are_data() -> None:
     got = facts.parse_output(
         "lines worker-0 2\n@log worker-0 \x1b[2Jhi\n@log worker-0 \n@log ps-0 x\nlines ps-0 ²\n"

@@ -111,6 +111,42 @@ def test_nodes_made_before_the_id_are_adopted_by_the_first_up(
     assert code == 3 and "belong to another tfcluster state" in out, out
 
 
+def test_a_new_state_never_adopts_nodes_an_older_tfcluster_made(
+    fake_gce: FakeGce, gce_cluster_yaml: Any, tmp_path: Path
+) -> None:
+    """Alice's nodes were made by a tfcluster without ids (no label, no
+    mark). Bob, new, keeps the shipped name: his `up` took them as his,
+    labelled them with his id and replaced their ssh-keys with his key
+    (Alice locked out of her own nodes, and refused by them from then on).
+    Now it is refused in one line before any change; his status, stop and
+    down do not see them; Alice's own state still adopts them."""
+    config = gce_cluster_yaml(nodes=NODES, roles={"ps": "pc-1", "chief": "pc-1", "worker": "pc-2"})
+    alice, bob = tmp_path / "alice", tmp_path / "bob"
+    code, out = deploy(alice, config, "up", "--skip-setup")
+    assert code == 0, out
+    as_before_the_id(fake_gce, config, alice)
+    before = owned(fake_gce)
+    fake_gce.reset_calls()
+
+    for args in (["up", "--skip-setup"], ["up", "--dry-run"]):
+        code, out = deploy(bob, config, *args)
+        assert code == 3, out
+        (line,) = [ln for ln in out.splitlines() if ln.startswith("error:")]
+        assert line.startswith("error: pc-1, pc-2, tfcluster-tfc-test-grpc, ") and alice.name not in line
+        assert "of cluster tfc-test" in line and "made by an older tfcluster" in line
+        assert "add-labels" in out
+    for args in (["status", "--json"], ["stop"], ["down", "--yes"]):
+        code, out = deploy(bob, config, *args)
+        assert code == 0, out
+    assert fake_gce.mutating_calls() == []
+    assert owned(fake_gce) == before
+
+    code, out = deploy(alice, config, "up", "--skip-setup")
+    assert code == 0 and "had no tfcluster-id label" in out, out
+    alice_id = ClusterState("tfc-test", home=alice).cluster_id()
+    assert {i["labels"][ID_LABEL] for i in fake_gce.instances()} == {alice_id}
+
+
 def as_before_the_id(fake: FakeGce, config: Path, home: Path) -> None:
     """The cluster as a tfcluster without ids left it: no id label, no
     mark in the rules, no id in the state."""

@@ -160,6 +160,27 @@ def test_report_of_hostile_summaries_exits_0_and_draws_names_as_written(
     assert json.loads(result.output)[0]["workers"] == "two"
 
 
+def test_a_layers_runs_hostile_placement_is_shown_not_a_crash(tmp_path: Path) -> None:
+    """A --mode layers summary.json from a node: a byte count past a
+    float's range ended `report` with exit 70 (OverflowError in the
+    placement table); it is shown as unknown, as a count that is not one."""
+    from deploy import cli
+
+    cpu = "/job:worker/replica:0/task:0/device:CPU:0"
+    run = make_run(
+        tmp_path, "layers", model="cnn", mode="layers", workers=2, training_seconds=5.0,
+        examples_per_sec=10.0, test_accuracy=0.9,
+        placement={"conv2d/kernel": cpu, "dense/kernel": "[bold]x[/]", "d/b": "y", "e/b": "z"},
+        params_per_device={cpu: 10**400, "[bold]x[/]": -5, "y": True, "z": 2_000_000},
+        stages=[1, 2], bubble=0.5, stage_seconds=[1e400, 2.0],
+    )  # fmt: skip
+    result = CliRunner().invoke(cli, ["report", str(run), "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 0, result.output
+    rows = {ln.split()[1]: ln for ln in result.output.splitlines() if ln.startswith("│ ")}
+    assert "[bold]x[/]" in rows and "-" in rows["[bold]x[/]"].split("│")[2], result.output
+    assert " - " in rows[cpu] and "2.00" in rows["z"], result.output
+
+
 def test_names_in_the_plot_are_not_mathtext(tmp_path: Path) -> None:
     from matplotlib.text import Text
 

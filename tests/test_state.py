@@ -145,6 +145,19 @@ def test_a_broken_last_job_is_no_last_job(kind: str) -> None:
     assert code == 3 and "no job to fetch" in out
 
 
+def test_a_state_set_aside_keeps_its_cluster_id() -> None:
+    """A broken last job set the whole state aside, the cluster's id with
+    it: a new id was made, and the cluster lost its own (provider ssh: its
+    folder on the hosts and the job running there; GCE: its nodes, refused
+    as another person's). The id, when it is sound, stays."""
+    state = ClusterState("local")
+    state.update(cluster_id="0123456789ab", last_job=_job(tasks="pc-1"))
+    assert ClusterState("local").cluster_id() == "0123456789ab"
+    assert len(list(state.dir.glob("state.json.corrupt-*"))) == 1
+    assert ClusterState("local").cluster_id() == "0123456789ab"
+    assert json.loads(state.file.read_text()) == {"cluster_id": "0123456789ab"}
+
+
 def test_a_good_last_job_is_kept() -> None:
     state = ClusterState("local")
     state.update(last_job=GOOD_JOB)

@@ -93,6 +93,77 @@ def test_a_value_in_shell_code_it_cannot_quote_for_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("script", "got"),
+    [
+        ("python3 - <<EOF\nprint(repr({x}))\nEOF", "0.5\n"),  # Python code, as typed
+        ("cat <<-EOF\n\tlr={x} done\n\tEOF\necho {x}", "lr=0.5 done\n0.5\n"),
+        ('cat <<A; cat <<"B"\n{x}\nA\nno value here\nB', "0.5\nno value here\n"),
+        ('cat <<<{x}; cat <<< "a {x}"', "0.5\na 0.5\n"),
+    ],
+)
+def test_a_value_in_a_here_document_arrives_as_it_is(script: str, got: str, tmp_path: Path) -> None:
+    """In a here-document's body quotes are text: '"${X}"' there gave the
+    program the quotes too (`lr = "0.5"`, a str for Python where 0.5 was
+    meant). The value arrives as it is, still never run by the shell."""
+    words = substitute(["bash", "-c", script], {"x": "0.5"})
+    env = {**os.environ, "X": "0.5"}
+    done = subprocess.run(words, cwd=tmp_path, capture_output=True, text=True, env=env, check=True)
+    assert done.stdout == got, words
+    run_in(tmp_path, substitute(["bash", "-c", script], {"x": HOSTILE}))
+
+
+def test_a_value_in_a_here_document_that_expands_nothing_is_refused() -> None:
+    """Under a quoted delimiter nothing expands: the program got the text
+    "${X}" instead of the value, silently."""
+    with pytest.raises(ConfigError, match=r"here-document with a quoted delimiter \(<<'EOF'\)"):
+        command_spec(["bash", "-c", "python3 - <<'EOF'\nlr = {x}\nEOF"], parse_params(["x=1"]))
+
+
+# Computed, not only expanded: bash evaluates arithmetic in a value, and
+# `a[$(cmd)]` there runs cmd, quotes or not.
+ARITHMETIC = "a[$(touch pwned-arith)]"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        'a=(1 2 3); echo "${a[{x}]}"',  # an array element by index
+        "a[{x}]=1",
+        's=abcdef; echo "${s:{x}}"',  # a substring's offset
+        "f() { :; }; s=ab; echo ${s:-x}${s:{x}:1}",
+        "echo $[{x} + 1]",
+        "declare -i n; n={x}; echo $n",
+        "typeset -ri n={x}",
+    ],
+)
+def test_a_value_where_the_script_computes_is_refused(script: str, tmp_path: Path) -> None:
+    """Each of these, given "${X}" for the placeholder, ran the value's
+    command substitution (checked here with real bash first)."""
+    pasted = script.replace("{x}", '"${X}"')
+    env = {**os.environ, "X": ARITHMETIC}
+    subprocess.run(["bash", "-c", pasted], cwd=tmp_path, env=env, capture_output=True, check=False)
+    assert (tmp_path / "pwned-arith").exists(), pasted  # the form is a real one
+    with pytest.raises(ConfigError, match=r"^COMMAND: \{x\} is in shell code run by the script's"):
+        command_spec(["bash", "-c", script], parse_params(["x=1"]))
+
+
+@pytest.mark.parametrize("name", ["ksh93", "rbash", "zsh-5.9", "bash5.2", "dash.static"])
+def test_a_shell_by_another_name_gets_no_value_as_code(name: str, tmp_path: Path) -> None:
+    """A version in its name (ksh93, zsh-5.9), a static build or a
+    restricted shell (rbash) is that shell: `ksh93 -c 'echo {x}'` ran the
+    value."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    real = shutil.which("bash")
+    assert real is not None
+    (shims / name).symlink_to(real)
+    words = substitute([name, "-c", "echo {x}"], {"x": HOSTILE})
+    assert "touch pwned;" in run_in(tmp_path, words, shims)
+    with pytest.raises(ConfigError, match="run by rsh"):
+        command_spec(["rsh", "host", "echo {x}"], parse_params(["x=1"]))
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["flock", "/tmp/lock", "python", "fit.py", "--lr", "{x}"],  # flock runs argv
@@ -101,6 +172,8 @@ def test_a_value_in_shell_code_it_cannot_quote_for_is_refused(
         ["bash", "-c", 'python fit.py --lr "$1"', "_", "{x}"],  # a script's argument
         ["bash", "fit.sh", "{x}"],  # a script file: its arguments are data
         ["bash", "-c", "cd out && env A=1 python fit.py --lr {x}"],
+        ["bash", "-c", 'f() { :; }; [ {x} -gt 0 ] && local -r v={x} && echo "${HOME}/{x}"'],
+        ["./finish.sh", "{x}"],  # a program whose name ends as a shell's does
     ],
 )
 def test_argv_and_positional_arguments_still_take_values(argv: list[str]) -> None:

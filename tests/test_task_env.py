@@ -134,3 +134,37 @@ def test_run_keeps_env_values_out_of_every_command_line(
     assert worker["USER_TOKEN"] == SECRET and worker["YAML_TOKEN"] == "yaml-7c21e"
     nodes = tfcluster_home / "clusters" / "envs" / "nodes"
     assert not [p for p in nodes.rglob("env/*") if p.is_file()]
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "said"),
+    [
+        ("yaml", "abc\\0PATH=/nonexistent", "its value holds a NUL character"),
+        ("yaml", "a" * 140_000, "its value is over 128 KiB"),
+        ("flag", "a" * 140_000, "its value is over 128 KiB"),
+    ],
+)
+def test_a_value_no_environment_can_hold_is_one_line_before_anything_starts(
+    where: str, value: str, said: str, workdir: Path, tmp_path: Path
+) -> None:
+    """A NUL in a job.env value (YAML's "\\0") ended its entry in the
+    values' file and made the rest one of its own: PATH, which is
+    reserved, set for every task (`setsid: not found`, exit 9). A value
+    past Linux's 128 KiB for one variable failed every task's start with
+    'Argument list too long' and 'Success'. Each is now refused in one
+    line, exit 2, before any task starts."""
+    env = f'{{LONG: "{value}"}}' if where == "yaml" else "{}"
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "name: badenv\nprovider: local\nnodes: [pc-1]\n"
+        "roles: {ps: [], chief: pc-1, worker: []}\n"
+        f"job:\n  mode: sync\n  workdir: my project\n  env: {env}\n"
+    )
+    flags = ["--env", f"LONG={value}"] if where == "flag" else []
+    result = CliRunner().invoke(
+        cli, ["--config", str(config), "run", *flags, "--", "python", "print_env.py"]
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: ") and said in line and "LONG" in line, line
+    assert len(line) < 400

@@ -153,6 +153,30 @@ def test_a_stale_pid_file_of_an_earlier_chief_is_not_this_jobs_chief(home: Path)
     assert group(ps), log(home, "ps-0")
 
 
+def test_a_task_of_this_job_at_a_stale_pid_files_pid_is_not_its_chief(home: Path) -> None:
+    """After a reboot (a Spot recovery restarts the job under the same run
+    id) pids start over, and a task of this very job may get the pid that
+    the last chief's pid file names. It carries this job's run id, but not
+    that pid file's start tick: it is not the chief, and the watch must
+    not take it for one that has ended (it ended the ps at once)."""
+    twin = subprocess.Popen(
+        ["sleep", "600"], env={**os.environ, "TFCLUSTER_RUN_ID": "r1"}, start_new_session=True
+    )
+    try:
+        (home / CHIEF_PID).parent.mkdir(parents=True)
+        (home / CHIEF_PID).write_text(f"{twin.pid} 1\n")  # the last boot's chief
+        ps = start(home, "ps-0", ["sleep", "600"], Watch.chief_pid(CHIEF_PID, "r1"))
+        time.sleep(5)
+        assert group(ps), log(home, "ps-0")
+        chief = start(home, "chief-0", ["sleep", "1"])  # this job's: ends the task
+        assert within(30, lambda: not runs(chief)) is not None
+        assert within(END_S, lambda: not group(ps)) is not None, group(ps)
+        assert twin.poll() is None
+    finally:
+        twin.kill()
+        twin.wait()
+
+
 @pytest.fixture
 def chief_port() -> Iterator[socket.socket]:
     """A listening socket playing the chief's TF server on another node."""

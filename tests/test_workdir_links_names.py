@@ -88,6 +88,34 @@ def test_links_inside_arrive_as_files_and_links_out_stay_here(
     ]
 
 
+
+def test_a_link_to_a_file_the_folder_keeps_back_is_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A link inside the folder to a file the sync keeps back (a key in a
+    .ssh folder, a file .gitignore excludes) sent that file's content
+    under the link's name: the key reached every node."""
+    local = tmp_path / "work"
+    (local / ".ssh").mkdir(parents=True)
+    (local / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    (local / "secret").mkdir()
+    (local / "secret" / "token.txt").write_text("TOKEN\n")
+    (local / ".gitignore").write_text("secret/\n")
+    (local / "deploy_key").symlink_to(".ssh/id_ed25519")
+    (local / "token.txt").symlink_to("secret/token.txt")
+    (local / "main.py").write_text("print(1)\n")
+    with sync_node(tmp_path) as (transport, home), caplog.at_level(logging.WARNING, "tfcluster"):
+        remote = home / REMOTE
+        remote.mkdir(parents=True)
+        _manifest_sync(transport, "pc-1", [workdir_item(local, REMOTE)])
+        sent = sorted(p.relative_to(remote).as_posix() for p in remote.rglob("*"))
+        assert sent == [".gitignore", "main.py"], sent
+        assert in_sync_after(transport, local)
+    said = warnings_of(caplog)
+    for name in ("deploy_key", "token.txt"):
+        assert f"not syncing {name}: a symlink to a file that is not synced" in said, said
+
+
 def test_a_name_that_is_not_utf8_is_left_out_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

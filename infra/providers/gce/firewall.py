@@ -11,6 +11,7 @@ from typing import Any
 
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, GceApi, _last, _retried
+from infra.providers.gce.nodes import UNMARKED
 
 log = logging.getLogger("tfcluster")
 
@@ -97,13 +98,21 @@ class GceFirewall(GceApi):
     def _described(self, what: str) -> str:
         return f"tfcluster {self.config.name}: {what} [tfcluster-id={self.state.cluster_id()}]"
 
+    def _foreign_owner(self, rule: compute_v1.Firewall | None) -> str | None:
+        """Whose the rule is when not this state's: its id, or ``none`` (an
+        older tfcluster's, not taken by a state younger than its id)."""
+        if rule is None:
+            return None
+        owner = rule_owner(rule)
+        if owner is None:
+            return None if self.state.adopts_unmarked() else UNMARKED
+        return None if owner == self.state.cluster_id() else owner
+
     def foreign_rules(self) -> dict[str, str]:
         """The cluster's rule names that another state's rules hold: name -> its id."""
         found: dict[str, str] = {}
         for name in self._rule_names():
-            rule = self._get_firewall(name)
-            owner = rule_owner(rule) if rule is not None else None
-            if owner is not None and owner != self.state.cluster_id():
+            if (owner := self._foreign_owner(self._get_firewall(name))) is not None:
                 found[name] = owner
         return found
 
@@ -213,9 +222,7 @@ class GceFirewall(GceApi):
 
     def release(self) -> None:
         def delete(name: str) -> None:
-            rule = self._get_firewall(name)
-            owner = rule_owner(rule) if rule is not None else None
-            if owner is not None and owner != self.state.cluster_id():
+            if (owner := self._foreign_owner(self._get_firewall(name))) is not None:
                 log.warning("not deleting firewall rule %s: another cluster's (%s)", name, owner)
                 return
             op = self._delete_firewall(name)

@@ -32,7 +32,14 @@ from infra.providers.gce.errors import (
     not_in_zone,
     unknown_zone,
 )
-from infra.providers.gce.nodes import _STATES, _STOPPING_STATUSES, CLUSTER_LABEL, ID_LABEL, GceNodes
+from infra.providers.gce.nodes import (
+    _STATES,
+    _STOPPING_STATUSES,
+    CLUSTER_LABEL,
+    ID_LABEL,
+    UNMARKED,
+    GceNodes,
+)
 from infra.providers.gce.parallel import _pause
 
 log = logging.getLogger("tfcluster")
@@ -282,7 +289,7 @@ class GceInstances(GceNodes):
                 hint="rename the node in cluster.yaml, or delete that instance yourself",
             )
         if not self._ours(inst):
-            raise self.not_ours({name: inst.labels[ID_LABEL]})
+            raise self.not_ours({name: inst.labels.get(ID_LABEL, UNMARKED)})
         if _STATES.get(inst.status) in (NodeState.STOPPED, NodeState.STOPPING):
             self._start_one(zone, name)
 

@@ -20,9 +20,12 @@ log = logging.getLogger("tfcluster")
 # The labels that say which cluster a node is of, and its roles. The name
 # alone does not make a node ours: two people may keep the shipped name in
 # one project. The id (``ClusterState.cluster_id``) does; a node without it
-# was made before tfcluster set it, and is taken as ours (and labelled).
+# was made before tfcluster set it, and is taken as ours (and labelled) only
+# by a state older than its id (``ClusterState.adopts_unmarked``).
 CLUSTER_LABEL = "tfcluster-cluster"
 ID_LABEL = "tfcluster-id"
+# What ``foreign`` says of a node of the name that carries no id.
+UNMARKED = "none"
 ROLE_LABEL = "tfcluster-role"
 
 
@@ -140,11 +143,25 @@ class GceNodes(GceApi):
 
     def _ours(self, inst: compute_v1.Instance) -> bool:
         """Whether an instance of the cluster's name is this state's (its id
-        label, or none: made before tfcluster set one)."""
+        label; none: made before tfcluster set one, ours only if this state
+        is that old too)."""
         found = inst.labels.get(ID_LABEL)
-        return found is None or found == self.state.cluster_id()
+        if found is None:
+            return self.state.adopts_unmarked()
+        return found == self.state.cluster_id()
 
     def not_ours(self, found: Mapping[str, str]) -> StateError:
+        unmarked = sorted(n for n, owner in found.items() if owner == UNMARKED)
+        if unmarked:
+            return StateError(
+                f"{', '.join(unmarked)} of cluster {self.config.name} in project "
+                f"{self.api.project} were made by an older tfcluster, not from this state "
+                f"({self.state.dir}); left alone: rename this cluster (name: in "
+                f"{self.config.source})",
+                hint="yours? run `up` where you made them, or label each: gcloud compute "
+                f"instances add-labels NODE --labels={ID_LABEL}={self.state.cluster_id()} "
+                "(firewall rules: add [tfcluster-id=...] to their description)",
+            )
         ids = ", ".join(sorted(set(found.values())))
         return StateError(
             f"{', '.join(sorted(found))} of cluster {self.config.name} in project "
@@ -163,7 +180,7 @@ class GceNodes(GceApi):
         self.foreign = {}
         for inst in self._list_cluster():
             if not self._ours(inst):
-                self.foreign[inst.name] = inst.labels[ID_LABEL]
+                self.foreign[inst.name] = inst.labels.get(ID_LABEL, UNMARKED)
                 continue
             by_name.setdefault(inst.name, []).append(inst)
         for name, found in by_name.items():
