@@ -198,7 +198,11 @@ def _launch(
         # /proc/PID/environ is the one of the last exec: until setsid has
         # exec'd, it lacks TFCLUSTER_TASK, and the task would look dead. The
         # pid file is written once it is there (or the process is gone).
-        'n=0; until is_task "$p" ' + shlex.quote(task) + " || [ $n -ge 500 ] || "
+        # Bounded by a minute, not by the few seconds a fork and exec take
+        # on an idle machine: on a loaded one they took longer, and a task
+        # given up on too soon would look dead and, with its environment
+        # file already removed by the script's end, start without it.
+        'n=0; until is_task "$p" ' + shlex.quote(task) + " || [ $n -ge 6000 ] || "
         '! kill -0 "$p" 2>/dev/null; do sleep 0.01; n=$((n+1)); done',
         f'echo "$p $(start_tick "$p")" > {pid}',
         f'echo "started {task} $p"',
