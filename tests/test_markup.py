@@ -348,7 +348,7 @@ def test_logs_follow_gives_clean_lines(
     (logs / "worker-\x1b[2J0.log").write_text("\n".join(LOG_LINES) + "\n")
     tail_logs = commands.tail_logs
     monkeypatch.setattr(
-        commands, "tail_logs", lambda layout, n, follow: tail_logs(layout, n, False)
+        commands, "tail_logs", lambda layout, n, follow, until=None: tail_logs(layout, n, False)
     )
     seen: list[tuple[str, str, str]] = []
     Cluster(default_config()).logs(

@@ -75,10 +75,9 @@ def test_a_huge_variable_is_one_line_not_a_crash(
 ) -> None:
     """A job.env value over the kernel's 128 KiB limit for one argument
     made the local start script unrunnable: an OSError, "a bug in
-    tfcluster" (exit 70). The value no longer travels in the start script
-    (infra/task_env.py), but no process can be given it in its environment
-    either: the tasks fail to start, one line saying so with the kernel's
-    words from their logs, never a crash."""
+    tfcluster" (exit 70). No process can be given such a value in its
+    environment, so the config refuses it before anything starts: one line
+    naming the key, the config error's exit code, never a crash."""
     config = tmp_path / "cluster.yaml"
     config.write_text(
         "name: big\nprovider: local\nnodes: [pc-1, pc-2]\n"
@@ -86,10 +85,12 @@ def test_a_huge_variable_is_one_line_not_a_crash(
         f"job:\n  workdir: my project\n  env: {{USER_BIG: {'a' * 200_000}}}\n"
     )
     code, out = deploy("--config", str(config), "run", "--", "python", "stand_in.py")
-    assert code == 9, out
-    assert "exited before it listened on its port" in out
-    assert "Argument list too long" in out
+    assert code == 2, out
+    assert "job.env: USER_BIG" in out and "128 KiB" in out
     assert "a bug in tfcluster" not in out and len(out) < 1000
+    assert not (tfcluster_home / "clusters" / "big").exists() or not list(
+        (tfcluster_home / "clusters" / "big").rglob("*.log")
+    )
 
 
 def test_tasks_started_on_the_nodes_that_answered_are_stopped(
