@@ -268,11 +268,16 @@ class ClusterBucket(ClusterBase):
                     on_wait(len(pending))
                 states = self.uploads(transport, names, DRAIN_WAIT_S)
             except KeyboardInterrupt:
-                log.warning("not waiting for the uploads: not in the bucket: %s", _missing(pending))
+                log.warning(
+                    "not waiting for the uploads: not in the bucket: %s",
+                    _missing(pending, self.bucket_url),
+                )
                 return pending
         left = [s for s in states if s.alive or s.pending_count]
         if left:
-            log.warning("not in the bucket after %.0f s: %s", DRAIN_WAIT_S, _missing(left))
+            log.warning(
+                "not in the bucket after %.0f s: %s", DRAIN_WAIT_S, _missing(left, self.bucket_url)
+            )
         return left
 
     def bucket_spec(
@@ -448,10 +453,13 @@ class ClusterBucket(ClusterBase):
             return fetch_run(client, url, dest, self.config.fetch.limits())
 
 
-def _missing(states: Sequence[UploadState]) -> str:
+def _missing(states: Sequence[UploadState], url_of: Callable[[str], object]) -> str:
     parts = []
     for s in states:
-        what = ", ".join(s.pending[:5]) if s.pending else "its last pass"
+        if s.url:
+            what = ", ".join(s.pending[:5]) if s.pending else "its last pass"
+        else:  # an uploader that had not written its first state yet
+            what = "all of the run (its uploader had not listed its files yet)"
         more = f" (+{s.pending_count - 5})" if s.pending_count > 5 else ""
-        parts.append(f"{s.url}: {what}{more}")
+        parts.append(f"{s.url or url_of(s.run_id)}: {what}{more}")
     return "; ".join(parts)

@@ -474,7 +474,7 @@ def test_a_key_file_signs_in_and_is_named_when_it_may_not_write(
 
 
 def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
-    fake: FakeGcs, tmp_path: Path
+    fake: FakeGcs, tmp_path: Path, tfcluster_home: Path
 ) -> None:
     import signal
     import subprocess
@@ -489,6 +489,14 @@ def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
     code, out = run(config, "run", "--no-ps", "--detach", "--env", "CHIEF_SLEEP=600", "--",
                     "python", "stand_in.py")  # fmt: skip
     assert code == 0, out
+    # The uploader's first pass has listed the chief's file (on a loaded
+    # machine it may not have run yet when `down` asks).
+    logs = tfcluster_home / "clusters" / "bkt" / "nodes" / "pc-1" / "tfcluster" / "logs"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+        "chief-0.json" in f.read_text(errors="replace") for f in logs.glob("upload-*.json")
+    ):
+        time.sleep(0.2)
     fake.fail(503, times=100_000)  # the bucket is down from now on
     down = subprocess.Popen(
         [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "down", "--yes"],

@@ -198,6 +198,16 @@ def ssh_config(
     return data
 
 
+def cluster_root(config_path: Path, home: Path) -> str:
+    """The cluster's folder on its nodes as the library names it for the
+    state in ``home`` (provider ssh: ``tfcluster/<name>-<id>``, relative to
+    the login's home)."""
+    from infra.cluster import Cluster
+
+    config = load_config(config_path)
+    return Cluster(config, ClusterState(config.name, home=home)).provider.remote_root()
+
+
 def config_file(folder: Path, data: dict[str, object]) -> Path:
     """``data`` written as ``folder``/cluster.yaml."""
     path = folder / "cluster.yaml"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker.conftest import REPO, ComposeCluster, config_file
+from tests.docker.conftest import REPO, ComposeCluster, cluster_root, config_file
 from tests.fake_gcs.server import FakeGcs, service_account_key
 
 pytestmark = pytest.mark.docker
@@ -69,9 +69,11 @@ def test_a_job_uploads_from_the_chief_and_comes_home_after_down(
         assert prefix + wanted in names, names
     assert fake_gcs.failures_left() == 0
     assert fake_gcs.accounts() == {email}  # this machine's check and the node's uploads
+    root = cluster_root(config, tmp_path / "home")
+    assert root.startswith("tfcluster/buckete2e-"), root
     mode = subprocess.run(
         ["docker", "exec", compose_cluster.container("pc-1"),
-         "stat", "-c", "%a", "/home/tfcluster/tfcluster/storage-key.json"],
+         "stat", "-c", "%a", f"/home/tfcluster/{root}/storage-key.json"],
         check=True, capture_output=True, text=True, timeout=60,
     ).stdout.strip()  # fmt: skip
     assert mode == "600"
@@ -80,7 +82,7 @@ def test_a_job_uploads_from_the_chief_and_comes_home_after_down(
     # The nodes no longer hold the run (as after a VM's deletion).
     subprocess.run(
         ["docker", "exec", "-u", "tfcluster", compose_cluster.container("pc-1"),
-         "rm", "-rf", f"/home/tfcluster/tfcluster/runs/{run_id}"],
+         "rm", "-rf", f"/home/tfcluster/{root}/runs/{run_id}"],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     (tmp_path / "runs" / "buckete2e" / run_id / "summary.json").unlink()

@@ -28,7 +28,7 @@ import yaml
 from infra import facts
 from infra.autostop_commands import autostop_status
 from infra.transport import NodeLayout
-from tests.docker.conftest import REPO, ComposeCluster, config_file
+from tests.docker.conftest import REPO, ComposeCluster, cluster_root, config_file
 from tests.procs import CmdlineWatch
 
 pytestmark = pytest.mark.docker
@@ -89,6 +89,10 @@ class Deploy:
             argv, cwd=self.home, env=dict(self.env, PYTHONUNBUFFERED="1"), text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
+
+    def root(self) -> str:
+        """The cluster's folder on its nodes (``tfcluster/<name>-<id>``)."""
+        return cluster_root(self.config, self.home)
 
     def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, str(REPO / "deploy.py"), "--config", str(self.config), *args]
@@ -210,7 +214,7 @@ def test_workdir_sync(deploy: Deploy, workdir: Path) -> None:
     first = deploy("-v", "run", "--workdir", str(workdir), "--", "python", "listen.py")
     _ok(first)
     # In the cluster's own folder on the login (tfcluster/<name>-<id>).
-    ran_in = re.findall(r"chief ran in /home/tfcluster/tfcluster/([a-z0-9-]+-[0-9a-f]{12})/work$",
+    ran_in = re.findall(r"chief ran in /home/tfcluster/tfcluster/([a-z0-9-]+-[0-9a-f]{12})/work ?$",
                         first.stdout, re.M)  # fmt: skip
     assert len(ran_in) == 1, first.stdout
     for node, line in _sync_lines(first.stderr).items():
@@ -241,10 +245,11 @@ def test_workdir_sync(deploy: Deploy, workdir: Path) -> None:
     assert "present" not in out, out
     listing = _ok(deploy("exec", "--node", "pc-2", "--workdir", str(workdir), "--", "ls", "-a"))
     names = {line.split(" | ", 1)[1] for line in listing.splitlines()}
-    assert names == {
-        ".", "..", ".gitignore", "collective_program.py", "listen.py", "ps_program.py",
-        "requirements.txt", "sub",
-    }, listing  # fmt: skip
+    # What the working folder holds (examples/own-program's files, listen.py,
+    # sub/), less what its filter keeps back.
+    kept = {p.name for p in (REPO / "examples" / "own-program").iterdir()} - {"__pycache__"}
+    assert names == {".", "..", ".gitignore", "listen.py", "requirements.txt", "sub"} | kept, listing
+    assert {"ps_program.py", "collective_program.py"} <= names, listing
 
     # A folder becomes a file, a file a folder: the next sync still works
     # (it once failed in tar, for good), and no emptied folder stays.
@@ -362,36 +367,38 @@ def test_a_detached_jobs_tasks_end_with_its_chief(
     answering) end by themselves within 10 s, and every node's idle check
     says idle. When each watch fired is read on the node: the mtime of the
     autostop idle clock it touches, against the chief's exit file."""
-    layout = NodeLayout("tfcluster", "tfcluster/code", "tfcluster/venv/bin/python",
-                        "tfcluster/runs", "tfcluster/logs")  # fmt: skip
+    root = deploy.root()
+    assert root.startswith("tfcluster/runtest-"), root
+    layout = NodeLayout(root, f"{root}/code", "tfcluster/venv/bin/python",
+                        f"{root}/runs", f"{root}/logs")  # fmt: skip
     for node in NODES:
-        _on_node(containers, node, "mkdir -p tfcluster/autostop && touch -d '-1 hour' "
-                 "tfcluster/autostop/active")  # fmt: skip
+        _on_node(containers, node, f"mkdir -p {root}/autostop && touch -d '-1 hour' "
+                 f"{root}/autostop/active")  # fmt: skip
     try:
         sleep = "4" if ending == "exits" else "600"
         argv = ["run", "--detach", "--env", f"CHIEF_SLEEP={sleep}", "--env", "CHIEF_LISTENS=1"]
         _ok(deploy(*argv, "--workdir", str(workdir), "--", "python", "listen.py"))
         if ending == "is killed":
             time.sleep(3)  # the workers' watches have seen the chief's port answer
-            pid = _on_node(containers, "pc-1", "read -r p t < tfcluster/logs/chief-0.pid; echo $p")
+            pid = _on_node(containers, "pc-1", f"read -r p t < {root}/logs/chief-0.pid; echo $p")
             chief_end = int(_on_node(containers, "pc-1", f"kill -KILL -- -{int(pid)}; date +%s"))
         deadline = time.monotonic() + 60
         while _left_tasks(containers) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _left_tasks(containers)
         if ending == "exits":
-            chief_end = int(_on_node(containers, "pc-1", "stat -c %Y tfcluster/logs/chief-0.exit"))
+            chief_end = int(_on_node(containers, "pc-1", f"stat -c %Y {root}/logs/chief-0.exit"))
         for node in NODES:
             # Whole seconds on both sides: at most a second more than it took.
-            fired = int(_on_node(containers, node, "stat -c %Y tfcluster/autostop/active"))
+            fired = int(_on_node(containers, node, f"stat -c %Y {root}/autostop/active"))
             assert 0 <= fired - chief_end <= 10, (node, fired, chief_end)
             report = facts.parse_autostop(_on_node(containers, node, autostop_status(layout)))
             assert report is not None and not report.busy, (node, report)
-        worker_log = _on_node(containers, "pc-2", "cat tfcluster/logs/worker-0.log")
+        worker_log = _on_node(containers, "pc-2", f"cat {root}/logs/worker-0.log")
         assert "tfcluster: the chief at " in worker_log and "stopping worker-0" in worker_log
     finally:
         for node in NODES:
-            _on_node(containers, node, "rm -rf tfcluster/autostop")
+            _on_node(containers, node, f"rm -rf {root}/autostop")
 
 
 def test_env_values_stay_out_of_command_lines(
@@ -407,5 +414,5 @@ def test_env_values_stay_out_of_command_lines(
     with CmdlineWatch("tok-58c0d") as watch:
         out = _ok(run("run", "--env", "CHIEF_SLEEP=2", "--workdir", str(workdir),
                       "--", "python", "listen.py"))  # fmt: skip
-    assert "chief ran in /home/tfcluster/tfcluster/work tok-58c0d 'q' $(id)" in out, out
+    assert f"chief ran in /home/tfcluster/{deploy.root()}/work tok-58c0d 'q' $(id)" in out, out
     assert watch.passes > 1 and watch.seen == [], watch.seen

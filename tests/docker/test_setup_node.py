@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.setup import install_plan, setup_nodes, sync_nodes
+from infra.sync import CODE_PATHS, PROJECT_ROOT
 from tests.docker.conftest import StartNode, ssh_config, transport_for, write_config
 
 pytestmark = pytest.mark.docker
@@ -137,13 +138,18 @@ def test_sync_sends_only_changes(
         transport.wait_ready(timeout=30)
         first = sync_nodes(transport, config).nodes["pc-1"]
         assert first.method == method
-        code_files = sum(
-            1
-            for p in (Path(__file__).parents[2] / "trainer").rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-        )
-        has_pyproject = (Path(__file__).parents[2] / "pyproject.toml").exists()
-        assert first.files == 6 + code_files + has_pyproject
+        # What the checkout sends as code (sync.CODE_PATHS): the trainer,
+        # the node's uploader, pyproject.toml.
+        code_files = 0
+        for name in CODE_PATHS:
+            root = PROJECT_ROOT / name
+            found = [root] if root.is_file() else root.rglob("*")
+            code_files += sum(
+                1
+                for p in found
+                if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            )
+        assert first.files == 6 + code_files
         listing = transport.run("pc-1", "cd tfcluster && find data code -type f | sort").stdout
         assert "data/sub/notes.txt" in listing and "code/trainer/__init__.py" in listing
         # Python's own cache on the node is never touched.
