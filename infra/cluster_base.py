@@ -21,8 +21,7 @@ from infra.config import ClusterConfig
 from infra.errors import ConfigError
 from infra.job_spec import JobRecord
 from infra.lock import ClusterLock
-from infra.providers import get_provider
-from infra.providers.base import Node, NodeProvider
+from infra.providers.base import Node, NodeProvider, get_provider
 from infra.state import ClusterState
 from infra.transport import Transport
 

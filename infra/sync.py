@@ -32,7 +32,7 @@ from typing import IO
 
 from infra.config import ClusterConfig
 from infra.errors import ConfigError, RemoteError
-from infra.providers import used_providers
+from infra.providers.base import used_providers
 from infra.setup_commands import apply_command, compare_command, rel_to_base, rsync_args
 from infra.setup_facts import Comparison, SyncStats, parse_compare, parse_rsync
 from infra.transport import NodeLayout, Transport
