@@ -192,12 +192,6 @@ def secret_paths(config: ClusterConfig) -> list[Path]:
     return paths
 
 
-def synced_path(config: ClusterConfig, layout: NodeLayout, entry: str) -> str:
-    """Where the setup.sync ``entry`` lives on a node (for job.data_dir)."""
-    local = config.resolve(expand_vars(entry, "setup.sync"))
-    return f"{layout.root}/{local.name}"
-
-
 # -- what is where: listings and manifests -------------------------------------------
 
 
