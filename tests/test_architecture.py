@@ -9,9 +9,11 @@ hiding the import."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 
 from tests.import_graph import REPO, cycles, graph, imports, modules
+from trainer import catalog
 
 PRODUCT = ("infra", "trainer", "tfcluster_cli")
 
@@ -78,3 +80,77 @@ def test_the_library_never_imports_the_command_lines() -> None:
         if name.split(".")[0] in ("click", "tfcluster_cli", "deploy")
     ]
     assert found == []
+
+
+# -- the trainer's catalog: the one place modes and models differ ---------------
+
+# Where a mode or model may be named in a comparison: the catalog and the
+# modules that implement them. bench/ picks the modes it measures by name
+# (what a benchmark compares is its own choice) and is not scanned.
+NAMES_MAY_BE_COMPARED = ("trainer/catalog.py", "trainer/modes/", "trainer/models/")
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for element in node.elts for s in _strings(element)]
+    return []
+
+
+def name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, comparison) for each comparison in ``source`` with one of
+    ``names`` as a literal (``x == "sync"``, ``m not in ("a", "b")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(s in names for side in sides for s in _strings(side)):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_name_scan_sees_comparisons() -> None:
+    source = (
+        'if args.mode != "ensemble": pass\n'
+        'ok = mode in ("sync", "average")\n'
+        'label = "sync"\n'  # a value, not a comparison
+        'other = kind == "ssh"\n'
+    )
+    names = {"ensemble", "sync", "average"}
+    assert [line for line, _ in name_comparisons(source, names)] == [1, 2]
+
+
+def test_modes_and_models_are_compared_only_in_the_catalog() -> None:
+    names = set(catalog.MODE_NAMES) | set(catalog.MODELS)
+    paths = [p for folder in PRODUCT for p in modules(folder)] + [REPO / "deploy.py"]
+    found = [
+        f"{rel}:{line}: {text}"
+        for path in paths
+        if not (rel := path.relative_to(REPO).as_posix()).startswith(NAMES_MAY_BE_COMPARED)
+        for line, text in name_comparisons(path.read_text(encoding="utf-8"), names)
+    ]
+    assert found == [], "ask trainer/catalog.py (a field of the Mode or Model) instead:\n" + (
+        "\n".join(found)
+    )
+
+
+def test_the_catalog_entries_name_their_fields() -> None:
+    """``Model("cnn", module=..., learning_rate=...)``: the name, then
+    keywords, so that an entry reads without the dataclass beside it."""
+    tree = ast.parse((REPO / "trainer" / "catalog.py").read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Model"
+    ]
+    assert len(calls) == len(catalog.MODELS)
+    assert [ast.unparse(c)[:60] for c in calls if len(c.args) > 1] == []
+
+
+def test_the_defaults_are_in_the_catalog() -> None:
+    assert catalog.mode(catalog.DEFAULT_MODE).one_process
+    assert catalog.DEFAULT_MODEL in catalog.MODELS
+    assert catalog.DEFAULT_MODE in [m for m in catalog.MODE_NAMES if catalog.one_process(m)]
+    assert not catalog.one_process("sync")
+    assert not catalog.one_process("no-such-mode") and not catalog.one_process(None)
