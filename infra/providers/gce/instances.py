@@ -191,7 +191,7 @@ class GceInstances(GceNodes):
             return
         _, public_key = self._key()
         with self._api_errors(f"creating {', '.join(names)}"):
-            existing = self._instances()
+            existing = self._instances_as_listed()  # `up`'s, when it just listed
             present = [n for n in names if n in existing]
             if present:
                 # Created meanwhile (another run, or an interrupted one): start, not re-create.
