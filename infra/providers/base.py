@@ -25,11 +25,13 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from infra.config import ClusterConfig
+from infra.keys import cluster_key
 from infra.providers import PROVIDERS, ConfigHooks, provider_class, provider_factory
 from infra.state import ClusterState
 
@@ -128,6 +130,16 @@ class NodeProvider(ConfigHooks, ABC):
         create time; `up` calls it before planning, so a dry run shows it.
         Raised inside ``infra.config.in_file(self.config)``, the line names
         cluster.yaml first, as the file's other problems do (gce's does)."""
+
+    def login_key(self) -> tuple[Path, str]:
+        """The private key this cluster logs in to its nodes with and its
+        public line: ``ssh.key_file`` when cluster.yaml sets it, else the
+        per-cluster key in the state folder (made on first use). What a
+        provider with an SSH transport authorizes on its nodes and hands to
+        ``SshTransport``."""
+        return cluster_key(
+            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
+        )
 
     def remote_root(self) -> str:
         """The cluster's folder on its nodes (a layout path): ``setup.remote_dir``,

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from infra.config import ClusterConfig
 from infra.errors import CredentialsError, ProviderError, TfclusterError
-from infra.keys import cluster_key
 from infra.providers.base import NodeProvider
 from infra.providers.gce._google import auth_exceptions, client_options, compute_v1, requests
 from infra.providers.gce.config import gce_config
@@ -40,7 +39,6 @@ from infra.providers.gce.parallel import (
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
     from google.auth.credentials import Credentials
 
@@ -173,11 +171,6 @@ class GceApi(NodeProvider):
         # step of the same command (`up`'s prepare) reads it instead of
         # listing again. Any mutating call forgets it.
         self._listed: dict[str, list[compute_v1.Instance]] | None = None
-
-    def _key(self) -> tuple[Path, str]:
-        return cluster_key(
-            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
-        )
 
     @property
     def _endpoint(self) -> str:

@@ -189,7 +189,7 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         if not names:
             return
-        _, public_key = self._key()
+        _, public_key = self.login_key()
         with self._api_errors(f"creating {', '.join(names)}"):
             existing = self._instances_as_listed()  # `up`'s, when it just listed
             present = [n for n in names if n in existing]
@@ -360,7 +360,7 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         if not names:
             return
-        _, public_key = self._key()
+        _, public_key = self.login_key()
         with self._api_errors(f"starting {', '.join(names)}"):
             existing = self._instances()
             missing = [n for n in names if n not in existing]

@@ -49,7 +49,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     def prepare(self) -> None:
         """The SSH key, the firewall rules, and the key and labels on any
         existing node (a lost state folder means a new key: re-install it)."""
-        _, public_key = self._key()
+        _, public_key = self.login_key()
         if self._ssh_open_to_all():
             log.warning(
                 "SSH to the nodes is open to the whole internet (gce.ssh_source_ranges: %s); "
@@ -85,7 +85,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
         # Imported here: the SSH stack is not needed to list or create nodes.
         from infra.remote import SshTarget, SshTransport
 
-        key_file, _ = self._key()
+        key_file, _ = self.login_key()
         unreachable = [n.name for n in nodes if not (n.ssh_host or n.external_ip)]
         if unreachable:
             raise StateError(
