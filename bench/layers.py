@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra.loopback import LocalJob, read_summary  # noqa: E402
+from bench.support.loopback import LocalJob, read_summary  # noqa: E402
 
 
 def run(

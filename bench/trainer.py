@@ -51,7 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra.loopback import LocalJob, read_summary, task_env  # noqa: E402
+from bench.support.loopback import LocalJob, read_summary, task_env  # noqa: E402
 
 WARMUP_STEPS = 25
 

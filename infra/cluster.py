@@ -85,7 +85,11 @@ class Cluster(ClusterRuns, ClusterAccess):
     (``ClusterJobs``), its logs, TensorBoard and shells (``ClusterAccess``)."""
 
     def status(
-        self, *, all_gpus: bool = False, ask_gpus: bool = True
+        self,
+        *,
+        all_gpus: bool = False,
+        ask_gpus: bool = True,
+        nodes: Sequence[Node] | None = None,
     ) -> tuple[list[NodeView], float | None]:
         """Every declared node (absent ones too) and every labelled extra,
         with the estimated USD/hour of the cluster as it is now, and the
@@ -93,8 +97,9 @@ class Cluster(ClusterRuns, ClusterAccess):
         ``all_gpus``, of every running node: an ssh host's GPUs are not
         declared anywhere). ``ask_gpus`` False: no node is asked (after
         ``up(setup=False)`` nothing is installed to answer, and asking
-        would wait for each node's SSH); their GPUs are said unchecked."""
-        nodes = self.nodes()
+        would wait for each node's SSH); their GPUs are said unchecked.
+        ``nodes``: every node as just listed (``up``'s), instead of a new listing."""
+        nodes = list(nodes) if nodes is not None else self.nodes()
         by_name = {n.name: n for n in nodes}
         asked = [n for n in nodes if n.state == NodeState.RUNNING and (all_gpus or n.accelerators)]
         if ask_gpus:
@@ -159,8 +164,9 @@ class Cluster(ClusterRuns, ClusterAccess):
         `up` would create and what it costs are known from cluster.yaml alone."""
         try:
             self.provider.check_config()
-            self.provider.check_owner()
+            # Listed first: the owner check reads the same listing (gce).
             existing = self.nodes()
+            self.provider.check_owner()
         except CredentialsError as exc:
             if not dry_run:
                 raise
@@ -192,7 +198,9 @@ class Cluster(ClusterRuns, ClusterAccess):
         # found now, not at the end of the first job.
         self.check_bucket()
         nodes = apply_up(self.provider, plan, timeout=self.provider.operation_timeout())
-        self.nodes()  # refresh the cached addresses
+        # The cached addresses, as the nodes run now: those up waited for and
+        # the others (undeclared: up leaves them alone) as the plan listed them.
+        self.remember_nodes([*nodes, *(n for n in plan.nodes if n.name not in self.config.nodes)])
         report: SetupReport | None = None
         if setup and self.provider.needs_setup:
             report = self.setup(nodes, on_event=on_setup_event)

@@ -21,8 +21,7 @@ from infra.config import ClusterConfig
 from infra.errors import ConfigError
 from infra.job_spec import JobRecord
 from infra.lock import ClusterLock
-from infra.providers import get_provider
-from infra.providers.base import Node, NodeProvider
+from infra.providers.base import Node, NodeProvider, get_provider
 from infra.state import ClusterState
 from infra.transport import Transport
 
@@ -84,6 +83,12 @@ class ClusterBase:
 
     def nodes(self) -> list[Node]:
         nodes = self.provider.non_terminated_nodes()
+        self.remember_nodes(nodes)
+        return nodes
+
+    def remember_nodes(self, nodes: Sequence[Node]) -> None:
+        """Cache every node's status and addresses in the state file, as
+        listed (all of them: the cache is replaced)."""
         self.state.update(
             nodes={
                 n.name: {
@@ -95,7 +100,6 @@ class ClusterBase:
                 for n in nodes
             }
         )
-        return nodes
 
     def require_known(self, node: str) -> None:
         """A ConfigError (exit 2, a bad argument) unless ``node`` is one of

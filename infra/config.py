@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from infra.config_base import show
 from infra.config_schema import ClusterConfig, SshConfig, _KeyedError, check_env, check_env_name
 from infra.errors import ConfigError
+from infra.providers import provider_names, provider_sections
 
 __all__ = [
     "ClusterConfig",
@@ -239,8 +240,6 @@ def _cluster_model(data: dict[Any, Any] | None) -> type[ClusterConfig]:
     ``gce:`` stays checked when it switches to provider ssh). Only those
     providers are imported: a local cluster's file loads no cloud's code.
     ``data`` None: every registered provider's (for "did you mean")."""
-    from infra.providers import provider_names, provider_sections
-
     named = data.get("provider", "local") if data is not None else None
     used = [
         name

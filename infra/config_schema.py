@@ -35,6 +35,7 @@ from pydantic_core import PydanticCustomError
 
 from infra.config_base import Port, Strict, show
 from infra.config_hosts import HostConfig, host_shorthand
+from infra.providers import provider_class, provider_names
 from infra.storage.config import StorageConfig
 from trainer import catalog
 
@@ -286,8 +287,6 @@ def _autostop(value: Any) -> int | None:
 def _provider(value: Any) -> str:
     """A registered provider's name; refused with the words of a Literal,
     which this field was before providers became plug-ins."""
-    from infra.providers import provider_names
-
     names = provider_names()
     if value not in names:
         listed = [repr(n) for n in names]
@@ -398,8 +397,6 @@ class ClusterConfig(Strict):
                 "ps, worker and chief need three different ports (they can share a node)",
             )
         # What the provider itself needs (ssh: an address for every node).
-        from infra.providers import provider_class
-
         if problem := provider_class(self.provider).config_problem(self):
             raise _KeyedError(*problem)
         if unknown := sorted(set(self.hosts) - declared):

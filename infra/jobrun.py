@@ -20,18 +20,17 @@ import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from infra.errors import JobFailed
 from infra.failure import strategy_hint
 from infra.job import Job
+from infra.job_cluster import JobCluster
 from infra.job_spec import JobSpec
 from infra.progress import ProgressEvent
 from infra.readiness import Waiting
-
-if TYPE_CHECKING:
-    from infra.cluster import Cluster
-    from infra.storage.commands import BucketOutcome
+from infra.recovery import Recovery
+from infra.storage.commands import BucketOutcome
 
 
 class JobReporter:
@@ -111,7 +110,7 @@ class JobResult:
 
 
 def run_job(
-    cluster: Cluster,
+    cluster: JobCluster,
     spec: JobSpec,
     *,
     detach: bool = False,
@@ -139,8 +138,6 @@ def run_job(
         return JobResult(spec, job, destination, exit_code=None)
     with reporter.following():
         if recover and cluster.preemptible():
-            from infra.recovery import Recovery
-
             recovery = Recovery(
                 cluster, spec, workdir=workdir, on_event=reporter.event, on_log=reporter.log,
                 on_note=reporter.note,

@@ -32,6 +32,9 @@ class UpPlan:
     # Set when the existing nodes could not be listed (``up --dry-run``
     # without credentials): why, and the plan assumes that none exists.
     unlisted: str | None = None
+    # The listing the plan was made from (every non-terminated node, those
+    # cluster.yaml no longer declares too): passed down, not listed again.
+    nodes: list[Node] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def changes(self) -> bool:
@@ -84,7 +87,9 @@ def plan_up(provider: NodeProvider, existing: Sequence[Node]) -> UpPlan:
                 why[name] = reason
         else:
             reuse.append(name)
-    return UpPlan(create, start, wait, reuse, provider.shared_resources(), why)
+    return UpPlan(
+        create, start, wait, reuse, provider.shared_resources(), why, nodes=list(existing)
+    )
 
 
 def plan_down(existing: Sequence[Node], shared: Sequence[str]) -> DownPlan:
@@ -106,7 +111,17 @@ def apply_up(provider: NodeProvider, plan: UpPlan, *, timeout: float = 900.0) ->
         # Nodes already on their way up; the provider knows how long they may
         # take (provider ssh: ssh.boot_timeout, not the cloud's ``timeout``).
         provider.wait_nodes(plan.wait)
+    if not plan.changes and (ready := _running(plan.nodes, provider.config.nodes)) is not None:
+        return ready  # running as planned: the plan's listing, not another
     return wait_running(provider, provider.config.nodes, timeout=timeout)
+
+
+def _running(nodes: Sequence[Node], names: Sequence[str]) -> list[Node] | None:
+    """The named nodes, when every one is running with its address; else None."""
+    by_name = {n.name: n for n in nodes}
+    found = [by_name.get(name) for name in names]
+    ready = [n for n in found if n is not None and n.state is NodeState.RUNNING and n.internal_ip]
+    return ready if len(ready) == len(names) else None
 
 
 def wait_running(provider: NodeProvider, names: Sequence[str], *, timeout: float) -> list[Node]:

@@ -15,16 +15,14 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from infra import commands, facts, failure
 from infra.errors import ConfigError, JobFailed, RemoteError
 from infra.tfconfig import TaskSpec
-
-if TYPE_CHECKING:
-    from infra.job import Job
+from infra.transport import Transport
 
 # Seconds of one readiness poll: how late a death on another node is seen,
 # and how often a task still waited for has its output reported.
@@ -69,7 +67,24 @@ class Waiting:
         return self.lines[len(self.lines) - self.new :] if self.new else ()
 
 
-def wait_ready(job: Job, tasks: Sequence[TaskSpec]) -> None:
+class Starting(Protocol):
+    """What the wait reads of the job that starts (``infra/job.py``'s
+    ``Job``, which calls it): its transport, the tasks it started (stopped
+    when the wait fails), its patience and its reports."""
+
+    transport: Transport
+    started: list[TaskSpec]
+    ready_timeout: float | None
+    on_waiting: Callable[[list[Waiting]], None]
+
+    def status(self) -> dict[str, facts.TaskStatus]: ...
+
+    def failure_details(self, tasks: Sequence[TaskSpec]) -> list[str]: ...
+
+    def stop(self, tasks: Sequence[TaskSpec] | None = None) -> list[str]: ...
+
+
+def wait_ready(job: Starting, tasks: Sequence[TaskSpec]) -> None:
     """Wait until every task listens on its port. Polled in short slices
     on all nodes at once, so that a task that dies on one node ends the
     wait everywhere at once instead of after the whole timeout."""
@@ -88,7 +103,7 @@ def wait_ready(job: Job, tasks: Sequence[TaskSpec]) -> None:
 
 
 def _poll(
-    job: Job,
+    job: Starting,
     tasks: Sequence[TaskSpec],
     pending: list[TaskSpec],
     states: dict[str, str],
@@ -137,7 +152,7 @@ def _waiting(
                    tuple(lines), new)  # fmt: skip
 
 
-def _check(job: Job, tasks: Sequence[TaskSpec], states: Mapping[str, str]) -> None:
+def _check(job: Starting, tasks: Sequence[TaskSpec], states: Mapping[str, str]) -> None:
     """Raise JobFailed (after stopping what this job started) unless
     every task listens: the dead ones blamed, or those that did not."""
     problems: list[str] = []
@@ -171,7 +186,7 @@ def _check(job: Job, tasks: Sequence[TaskSpec], states: Mapping[str, str]) -> No
         )
 
 
-def _why(job: Job, state: str) -> str:
+def _why(job: Starting, state: str) -> str:
     if state == "dead":
         return "exited before it listened on its port"
     if state == "timeout":

@@ -35,21 +35,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from infra import code_snapshot, commands
 from infra.cluster_jobs import CANCELLED
 from infra.errors import CapacityError, JobFailed, RemoteError, StateError, TfclusterError
 from infra.job import Job
+from infra.job_cluster import JobCluster
 from infra.job_spec import JobSpec
 from infra.progress import ProgressEvent
 from infra.providers.base import Node, NodeState
 from infra.tfconfig import TaskSpec
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from infra.cluster import Cluster
 
 log = logging.getLogger("tfcluster")
 
@@ -138,7 +134,7 @@ class _Watch:
     ``poll_s``; once a critical one is lost, stop the job's tasks on the
     others (the chief may wait forever on a lost ps otherwise)."""
 
-    def __init__(self, cluster: Cluster, job: Job, poll_s: float, note: Callable[[str], None]):
+    def __init__(self, cluster: JobCluster, job: Job, poll_s: float, note: Callable[[str], None]):
         self.cluster, self.job, self.poll_s, self.note = cluster, job, poll_s, note
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="recovery-watch")
@@ -179,7 +175,7 @@ class Recovery:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: JobCluster,
         spec: JobSpec,
         *,
         workdir: Path | None,

@@ -163,7 +163,7 @@ def _baseline(row: Row, rows: Sequence[Row]) -> Row | None:
     singles = [r for r in rows if r.model == row.model and r.workers == 1]
     for prefer in (
         lambda r: r.mode == row.mode,
-        lambda r: r.mode == "single",
+        lambda r: catalog.one_process(r.mode),
         lambda r: True,
     ):
         found = [r for r in singles if prefer(r)]

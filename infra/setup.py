@@ -49,6 +49,7 @@ from infra.install import (
     requirements_file,
     wheelhouse_listing,
 )
+from infra.providers import provider_class
 from infra.setup_commands import probe_command
 from infra.setup_facts import Probe, parse_listing, parse_probe
 from infra.setup_report import NodeSetup, OnEvent, SetupReport
@@ -72,8 +73,6 @@ log = logging.getLogger("tfcluster")
 def expected_gpus(config: ClusterConfig) -> int:
     """GPUs per node, as the provider says (gce: gce.accelerator's, or
     those of a G2/A2/A3 machine type)."""
-    from infra.providers import provider_class
-
     return provider_class(config.provider).gpus_per_node(config)
 
 

@@ -14,14 +14,24 @@ import posixpath
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from infra.commands import path as rpath
+from infra.install_plan import InstallPlan
 from infra.transport import NodeLayout
 
-if TYPE_CHECKING:  # types only: both modules build on these commands
-    from infra.install import InstallPlan
-    from infra.sync import SyncItem
+
+class SyncTarget(Protocol):
+    """What the commands read of a sync item (``infra/sync.py``'s
+    ``SyncItem``, which builds on these commands): where it goes, and
+    whether a filter picks its files (a working folder)."""
+
+    @property
+    def remote(self) -> str: ...
+
+    @property
+    def filter(self) -> object | None: ...
+
 
 MARKER = ".tfcluster-install"  # in the venv folder: goes when the venv goes
 # What starts every line the commands print for their parsers.
@@ -76,7 +86,7 @@ def _not_another_install(layout: NodeLayout, plan: InstallPlan) -> list[str]:
 def probe_command(
     layout: NodeLayout,
     fingerprint: str,
-    items: Sequence[SyncItem] = (),
+    items: Sequence[SyncTarget] = (),
     also: str | None = None,
 ) -> str:
     """Make the node's folders; report whether the install is current (its
@@ -307,7 +317,7 @@ def rel_to_base(remote: str) -> str:
     return remote.lstrip("/")
 
 
-def compare_command(layout: NodeLayout, manifest_file: str, items: Sequence[SyncItem]) -> str:
+def compare_command(layout: NodeLayout, manifest_file: str, items: Sequence[SyncTarget]) -> str:
     """On the node: which manifest entries differ or are missing, and which
     files exist under the synced paths (to find the stale ones)."""
     targets = " ".join(shlex.quote(rel_to_base(i.remote)) for i in items)
@@ -378,7 +388,7 @@ def record_code_command(layout: NodeLayout, run_id: str, remotes: Sequence[str])
             f"{{ echo {shlex.quote(run_id)}; (cd {_base(layout)} && "
             f"find {targets} {_CODE_LISTING}) | LC_ALL=C sort; }} > {f}.tmp",
             f"mv -f {f}.tmp {f}",
-            f"echo \"{FACT}code recorded $(($(wc -l < {f}) - 1))\"",
+            f'echo "{FACT}code recorded $(($(wc -l < {f}) - 1))"',
         ]
     )
 
@@ -402,7 +412,7 @@ def check_code_command(layout: NodeLayout, run_id: str) -> str:
             f"{shlex.quote(_CODE_FIND)} find) "
             f"| LC_ALL=C sort > {f}.now",
             f"LC_ALL=C comm -23 {f}.was {f}.now > {f}.diff",
-            f"echo \"{FACT}code changed $(wc -l < {f}.diff)\"",
+            f'echo "{FACT}code changed $(wc -l < {f}.diff)"',
             f"head -n 3 {f}.diff | cut -d ' ' -f 3- | sed 's|^|{FACT}code-file |'",
             f"rm -f {f}.was {f}.now {f}.diff",
         ]

@@ -78,10 +78,6 @@ class ClusterState:
         return self.dir / "known_hosts"
 
     @property
-    def debug_log(self) -> Path:
-        return self.dir / "debug.log"
-
-    @property
     def lock_file(self) -> Path:
         """The command lock (``infra/lock.py``): who changes the cluster now."""
         return self.dir / "cluster.lock"

@@ -32,7 +32,7 @@ from typing import IO
 
 from infra.config import ClusterConfig
 from infra.errors import ConfigError, RemoteError
-from infra.providers import used_providers
+from infra.providers.base import used_providers
 from infra.setup_commands import apply_command, compare_command, rel_to_base, rsync_args
 from infra.setup_facts import Comparison, SyncStats, parse_compare, parse_rsync
 from infra.transport import NodeLayout, Transport
@@ -190,12 +190,6 @@ def secret_paths(config: ClusterConfig) -> list[Path]:
     if storage is not None and storage.credentials not in ("adc", "anonymous"):
         paths.append(config.resolve(storage.credentials))
     return paths
-
-
-def synced_path(config: ClusterConfig, layout: NodeLayout, entry: str) -> str:
-    """Where the setup.sync ``entry`` lives on a node (for job.data_dir)."""
-    local = config.resolve(expand_vars(entry, "setup.sync"))
-    return f"{layout.root}/{local.name}"
 
 
 # -- what is where: listings and manifests -------------------------------------------

@@ -8,14 +8,14 @@ nodes' copy of ``trainer/`` complete on its own."""
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.import_graph import REPO, imports
+from tests.import_graph import modules as _modules
+
 DOC = REPO / "docs" / "architecture.md"
 
 # What infra imports from the trainer: its catalog, its progress protocol
@@ -24,44 +24,6 @@ DOC = REPO / "docs" / "architecture.md"
 # keeps them so.
 INFRA_MAY_IMPORT_FROM_TRAINER = {"trainer.catalog", "trainer.progress", "trainer.flags"}
 TENSORFLOW = ("tensorflow", "keras")
-
-
-def _modules(folder: str) -> list[Path]:
-    return sorted(p for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _is_module(name: str) -> bool:
-    base = REPO.joinpath(*name.split("."))
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
-
-
-def imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, anywhere in it (a function's lazy
-    import counts too): ``from a import b`` is ``a.b`` where ``b`` is a
-    module of this repository, else ``a``."""
-    found: set[str] = set()
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            for alias in node.names:
-                full = f"{base}.{alias.name}"
-                found.add(full if _is_module(full) else base)
-    return found
 
 
 def _under(name: str, package: str) -> bool:

@@ -168,7 +168,7 @@ def test_gpu_nodes_are_the_accelerator_and_the_gpu_machine_types(tmp_path: Path)
 def test_tasks_on_gpu_nodes_are_told_to_require_a_gpu(tmp_path: Path) -> None:
     """The trainer's --require-gpu by environment (trainer/flags.py): set for
     every task of a cluster whose nodes have GPUs, and only there."""
-    from infra.providers import get_provider
+    from infra.providers.base import get_provider
     from infra.state import ClusterState
 
     def env(config: ClusterConfig) -> dict[str, str]:

@@ -6,7 +6,12 @@ as gce, ssh and local, never asking its name.
 
 The toy provider keeps its nodes as records in a JSON file in the cluster's
 state folder (what a cloud's API would hold) and runs commands through the
-local provider's transport, as folders on this machine.
+local provider's transport, as folders on this machine. Its sibling
+``ToySshProvider`` is docs/architecture.md's recipe to the letter: an
+``SshTransport`` with the cluster's login key (``ssh.key_file`` here), to
+nodes that are real SSH servers on loopback (tests/hostile_node.py's, which
+run commands with sh in a folder): `exec` and `run` sync the code and the
+working folder to them and run a job there, whose run folder comes home.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import paramiko
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel, ConfigDict
 
+from bench.support.loopback import free_ports
 from deploy import cli
 from infra import providers
 from infra.config import ClusterConfig
+from infra.keys import ensure_key_pair
 from infra.providers.base import Node, NodeProvider, NodeState
 from infra.providers.local import LocalTransport
 from infra.transport import Transport
+from tests.hostile_node import FakeNode
 
 # The checkout: the probes below run there, as `python -m` would.
 REPO = Path(__file__).resolve().parents[1]
@@ -227,3 +236,112 @@ def test_validating_a_gce_config_loads_no_google_code() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout
     assert out.split("\n")[:2] == ["1", "[]"]
+
+
+# -- the recipe's SSH transport --------------------------------------------------
+
+
+class ToySshProvider(ToyProvider):
+    """The toys, reached as the recipe says: over SSH, at cluster.yaml's
+    ``hosts`` addresses, logging in with ``login_key`` (``ssh.key_file``)."""
+
+    kind = "toyssh"
+
+    def non_terminated_nodes(self) -> list[Node]:
+        nodes = []
+        for name, state in sorted(self._load().items()):
+            host = self.config.hosts[name]
+            nodes.append(
+                Node(
+                    name=name, state=NodeState(state), status=state.upper(),
+                    internal_ip=host.address, external_ip=host.address,
+                    ssh_host=host.address, ssh_port=host.port,
+                )
+            )  # fmt: skip
+        return nodes
+
+    def transport(self, nodes: Sequence[Node]) -> Transport:
+        from infra.remote import SshTarget, SshTransport
+
+        key_file, _ = self.login_key()
+        return SshTransport(
+            [SshTarget(n.name, n.ssh_host or "", n.ssh_port) for n in nodes],
+            config=self.config, state=self.state, key_file=key_file,
+        )  # fmt: skip
+
+
+# The job: the worker listens on its TF_CONFIG address until it is stopped;
+# the chief writes what it knows to its run folder.
+JOB = """\
+import json, os, pathlib, socket, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+if task["type"] == "worker":
+    port = int(config["cluster"]["worker"][task["index"]].rsplit(":", 1)[1])
+    server = socket.create_server(("", port))
+    time.sleep(120)
+else:
+    notes = pathlib.Path("notes.txt").read_text().strip()
+    worker = config["cluster"]["worker"][0]
+    out = pathlib.Path(os.environ["TFCLUSTER_RUN_DIR"]) / "out.txt"
+    out.write_text(f"{os.environ['TFCLUSTER_TASK']} {notes} {worker}\\n")
+"""
+
+
+@pytest.fixture
+def ssh_toys(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Path], int]]:
+    """cluster.yaml of two toyssh nodes (SSH servers on loopback that let
+    in only the user's own key, ssh.key_file), each node's home, and the
+    workers' TF_CONFIG port (free here: both nodes are this machine)."""
+    key = tmp_path / "keys" / "id_ed25519"
+    ensure_key_pair(key, "me")
+    homes = {name: tmp_path / "nodes" / name for name in ("t-1", "t-2")}
+    servers = []
+    for home in homes.values():
+        home.mkdir(parents=True)
+        servers.append(FakeNode(paramiko.PKey.from_path(key), home=home, writable=True))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("synced\n")
+    (project / "job.py").write_text(JOB)
+    config = project / "cluster.yaml"
+    ports = free_ports(3)
+    hosts = ", ".join(f"{n}: '127.0.0.1:{s.port}'" for n, s in zip(homes, servers, strict=True))
+    config.write_text(
+        "name: toys\nprovider: toyssh\nnodes: [t-1, t-2]\n"
+        "roles: {ps: [], chief: t-1, worker: t-2}\n"
+        f"hosts: {{{hosts}}}\nssh: {{key_file: {key}}}\n"
+        f"ports: {{ps: {ports[0]}, worker: {ports[1]}, chief: {ports[2]}}}\n"
+    )
+    providers.register_provider("toyssh", ToySshProvider)
+    try:
+        yield config, homes, ports[1]
+    finally:
+        del providers.PROVIDERS["toyssh"]
+        for server in servers:
+            server.close()
+
+
+def test_the_recipes_provider_syncs_and_runs_a_job_through_its_transport(
+    ssh_toys: tuple[Path, dict[str, Path], int],
+) -> None:
+    config, homes, worker_port = ssh_toys
+    code, out = run(config, "up", "--skip-setup")
+    assert code == 0 and "toys is up: 2 nodes running" in out, out
+
+    # exec: the working folder goes to every node first, then the command runs there.
+    code, out = run(config, "exec", "--", "cat", "notes.txt")
+    assert code == 0, out
+    assert sorted(line for line in out.splitlines() if " | " in line) == [
+        "t-1 | synced", "t-2 | synced",
+    ]  # fmt: skip
+    for home in homes.values():  # the code went too (sync, as setup does it)
+        assert (home / "tfcluster" / "code" / "trainer" / "catalog.py").is_file()
+
+    # run: a job of one chief and one worker, each with its TF_CONFIG; the
+    # worker listens on its port (the chief starts once it does), the chief
+    # writes its run folder, which comes home.
+    code, out = run(config, "run", "--no-ps", "--", "python3", "job.py")
+    assert code == 0, out
+    fetched = list(Path("runs/toys").glob("*/out.txt"))
+    assert [p.read_text() for p in fetched] == [f"chief-0 synced 127.0.0.1:{worker_port}\n"]

@@ -14,8 +14,7 @@ from deploy import cli
 from infra.cluster import Cluster
 from infra.config import parse_config
 from infra.errors import ProviderError, StateError
-from infra.providers import get_provider
-from infra.providers.base import NodeState
+from infra.providers.base import NodeState, get_provider
 from infra.providers.ssh import SshProvider
 from infra.remote import SshTransport
 from infra.state import ClusterState

@@ -97,7 +97,10 @@ def print_up_outcome(
         )
     else:
         consoles.console.print(f"[green]{escape(name)} is up[/]: {len(nodes)} nodes running")
-    print_status(cluster, ask_gpus=report is not None)
+    # What `up` did not touch (nodes cluster.yaml no longer declares) as
+    # its plan listed them: the table needs no listing of its own.
+    extras = [n for n in plan.nodes if n.name not in cluster.config.nodes]
+    print_status(cluster, ask_gpus=report is not None, nodes=[*nodes, *extras])
 
 
 def print_down_plan(cluster: Cluster, plan: DownPlan) -> bool:
@@ -165,8 +168,14 @@ def print_tensorboard(board: Board) -> None:
     )
 
 
-def print_status(cluster: Cluster, *, all_gpus: bool = False, ask_gpus: bool = True) -> None:
-    views, cost = cluster.status(all_gpus=all_gpus, ask_gpus=ask_gpus)
+def print_status(
+    cluster: Cluster,
+    *,
+    all_gpus: bool = False,
+    ask_gpus: bool = True,
+    nodes: Sequence[Node] | None = None,
+) -> None:
+    views, cost = cluster.status(all_gpus=all_gpus, ask_gpus=ask_gpus, nodes=nodes)
     config = cluster.config
     # Cells are Text, never markup: names and addresses come from the config
     # and the provider.

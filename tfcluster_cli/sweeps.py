@@ -16,6 +16,7 @@ from infra.errors import ConfigError, Interrupted, JobFailed
 from tfcluster_cli import consoles
 from tfcluster_cli.program import interrupted_by
 from tfcluster_cli.progress_view import SweepView
+from trainer import catalog
 
 if TYPE_CHECKING:
     from infra.sweep_spec import SweepSpec
@@ -86,12 +87,12 @@ def train_sweep(
         raise ConfigError("--trials and --per-node go with --sweep FLAG=V1,V2,...")
     if resume or detach:
         raise ConfigError("--sweep runs to the end: no --resume or --detach with it")
-    if overrides.get("mode") not in (None, "single"):
+    if overrides.get("mode") is not None and not catalog.one_process(overrides["mode"]):
         raise ConfigError(
-            f"--mode {overrides['mode']}: each trial of a sweep is one process (mode single); "
-            "leave --mode out"
+            f"--mode {overrides['mode']}: each trial of a sweep is one process "
+            f"(mode {catalog.DEFAULT_MODE}); leave --mode out"
         )
-    overrides["mode"] = "single"
+    overrides["mode"] = overrides.get("mode") or catalog.DEFAULT_MODE
     params = parse_params(sweep_params, option="--sweep")
     base = cluster.train_spec(**overrides).program.argv
     spec = trainer_spec(base, params, trials=trials)

@@ -129,17 +129,27 @@ def _classifier(name: str) -> Callable[[Mapping[str, Any]], tuple[LayerSpec, ...
 
 _MODELS = (
     Model(
-        "cnn", "trainer.models.classifier", 1e-3, True, True, _ACCURACY,
+        "cnn",
+        module="trainer.models.classifier",
+        learning_rate=1e-3,
+        classifier=True,
+        mixed_precision=True,
+        final_metric=_ACCURACY,
         layers=_classifier("cnn"),
     ),
     Model(
-        "convnet", "trainer.models.classifier", 1e-3, True, True, _ACCURACY,
+        "convnet",
+        module="trainer.models.classifier",
+        learning_rate=1e-3,
+        classifier=True,
+        mixed_precision=True,
+        final_metric=_ACCURACY,
         layers=_classifier("convnet"),
     ),
     Model(
         "dae",
-        "trainer.models.dae",
-        3e-3,
+        module="trainer.models.dae",
+        learning_rate=3e-3,
         final_metric=_PSNR,
         options=_DENOISING,
         check_options=_check_patches,
@@ -147,8 +157,8 @@ _MODELS = (
     ),
     Model(
         "sdae",
-        "trainer.models.sdae",
-        3e-3,
+        module="trainer.models.sdae",
+        learning_rate=3e-3,
         final_metric=_PSNR,
         options=_STACKED,
         check_options=_check_patches,
@@ -218,6 +228,10 @@ class Mode:
     options: tuple[Option, ...] = ()
     # Run by the launcher before any task starts (``JobCheck``).
     check_job: JobCheck | None = None
+    # Each process trains a model of its own (``--ensemble-models`` names
+    # them: classifiers, whose class probabilities are averaged); the
+    # members' checkpoints stay on their nodes, so no --resume.
+    members: bool = False
 
     @property
     def needs_ps(self) -> bool:
@@ -226,6 +240,12 @@ class Mode:
     @property
     def needs_workers(self) -> bool:
         return "worker" in self.task_types
+
+    @property
+    def one_process(self) -> bool:
+        """One process, no TF_CONFIG: what a sweep's trial runs, and the
+        baseline a report compares a distributed run with."""
+        return self.task_types == ("chief",)
 
 
 _PARALLEL = "model parallelism (--mode layers)"
@@ -335,6 +355,7 @@ _MODES = (
         COLLECTIVE,
         # The members train in a loop of their own: not built for it.
         mixed_precision=False,
+        members=True,
     ),
     Mode(
         "layers",
@@ -352,6 +373,21 @@ _MODES = (
 )
 MODES: dict[str, Mode] = {mode.name: mode for mode in _MODES}
 MODE_NAMES = tuple(MODES)
+# What `python -m trainer` trains without --mode: the one-process mode.
+DEFAULT_MODE = "single"
+DEFAULT_MODEL = "cnn"
+
+
+def one_process(name: str | None) -> bool:
+    """Whether ``name`` is a mode of one process (``Mode.one_process``);
+    False for a name the catalog does not know (a run of an older version)."""
+    entry = MODES.get(name) if name is not None else None
+    return entry is not None and entry.one_process
+
+
+def member_modes() -> tuple[str, ...]:
+    """The modes whose processes train models of their own (``Mode.members``)."""
+    return tuple(m.name for m in MODES.values() if m.members)
 
 
 def mode(name: str) -> Mode:

@@ -13,13 +13,39 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import keras
 import tensorflow as tf
 
 from trainer.errors import CheckpointError
+from trainer.models.base import Phase
 
 MAX_TO_KEEP = 3
+
+
+@dataclass
+class State:
+    """Everything a checkpoint holds, created up front (by ``Training``;
+    the modes read it, so it lives here, below both)."""
+
+    model: keras.Model
+    phases: list[Phase]
+    optimizers: list[keras.optimizers.Optimizer]
+    step: tf.Variable  # the global step
+
+    def variables(self) -> list[Any]:
+        return [
+            *self.model.variables,
+            *(v for o in self.optimizers for v in o.variables),
+            self.step,
+        ]
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        optimizers = {f"optimizer_{i}": o for i, o in enumerate(self.optimizers)}
+        return tf.train.Checkpoint(model=self.model, step=self.step, **optimizers)
 
 
 class Checkpoints:

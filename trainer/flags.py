@@ -24,8 +24,8 @@ REQUIRE_GPU_ENV = "TFCLUSTER_REQUIRE_GPU"
 class Config:
     """Everything one task needs to know; the same on every task of a job."""
 
-    model: str = "cnn"
-    mode: str = "single"
+    model: str = catalog.DEFAULT_MODEL
+    mode: str = catalog.DEFAULT_MODE
     steps: int | None = 600
     epochs: float | None = None
     batch_size: int = 128
@@ -66,11 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     """What trains, for how long, and where its data and outputs are."""
     # The catalog as it is now: a test registers a toy model and mode.
-    p.add_argument("--model", choices=tuple(catalog.MODEL_SPECS), default="cnn")
+    p.add_argument("--model", choices=tuple(catalog.MODEL_SPECS), default=catalog.DEFAULT_MODEL)
     p.add_argument(
         "--mode",
         choices=tuple(catalog.MODES),
-        default="single",
+        default=catalog.DEFAULT_MODE,
         help="; ".join(f"{m.name}: {m.flag_help}" for m in catalog.MODES.values()),
     )
     length = p.add_mutually_exclusive_group()
@@ -259,17 +259,20 @@ def _output_dir(args: argparse.Namespace) -> str:
 def _ensemble_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
     """--ensemble-models, checked: classifiers only (an ensemble averages
     class probabilities), and only with --mode ensemble."""
-    if args.mode != "ensemble":
+    if not catalog.mode(args.mode).members:
         if args.ensemble_models:
-            parser.error("--ensemble-models goes with --mode ensemble")
+            modes = " or ".join(catalog.member_modes())
+            parser.error(f"--ensemble-models goes with --mode {modes}")
         return ()
     if args.resume:
-        parser.error("--mode ensemble does not resume: members' checkpoints stay on their nodes")
+        parser.error(
+            f"--mode {args.mode} does not resume: members' checkpoints stay on their nodes"
+        )
     models = tuple(m.strip() for m in (args.ensemble_models or args.model).split(","))
     for model in models:
         if model not in ENSEMBLE_MODELS:
             parser.error(
-                f"--mode ensemble averages classifiers: {model!r} is not one of "
+                f"--mode {args.mode} averages classifiers: {model!r} is not one of "
                 f"{', '.join(ENSEMBLE_MODELS)}"
             )
     return models if args.ensemble_models else ()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,13 @@ import keras
 import tensorflow as tf
 
 from trainer import accelerators, modes
-from trainer.checkpoints import Checkpoints
+from trainer.checkpoints import Checkpoints, State
 from trainer.data import count_examples, load_split
 from trainer.distribute import ClusterInfo
 from trainer.flags import Config
 from trainer.loop import Monitor, PhaseRun
 from trainer.models import create_task
-from trainer.models.base import Phase, Task
+from trainer.models.base import Task
 from trainer.outputs import (
     METRICS_FILE,
     RunLog,
@@ -40,27 +39,6 @@ from trainer.outputs import (
 )
 from trainer.progress import Progress, Startup
 from trainer.steps import count_atomically
-
-
-@dataclass
-class State:
-    """Everything a checkpoint holds, created up front."""
-
-    model: keras.Model
-    phases: list[Phase]
-    optimizers: list[keras.optimizers.Optimizer]
-    step: tf.Variable  # the global step
-
-    def variables(self) -> list[Any]:
-        return [
-            *self.model.variables,
-            *(v for o in self.optimizers for v in o.variables),
-            self.step,
-        ]
-
-    def checkpoint(self) -> tf.train.Checkpoint:
-        optimizers = {f"optimizer_{i}": o for i, o in enumerate(self.optimizers)}
-        return tf.train.Checkpoint(model=self.model, step=self.step, **optimizers)
 
 
 class Training:

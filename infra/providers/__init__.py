@@ -6,32 +6,66 @@ its cluster.yaml section as ``config_section``) plus one line in
 imports a provider only when a cluster names it, so the local cluster never
 pays for loading the Compute client. What differs between providers is asked
 of the provider (``NodeProvider``'s attributes and hooks), never of its name.
+
+This package's own module is the registry and what cluster.yaml asks a
+provider before any node exists (``ConfigHooks``): it imports nothing of
+infra, so that the config (``infra/config.py``, ``infra/config_schema.py``)
+reads it while the providers build on the config (``NodeProvider`` in
+``infra/providers/base.py``, a ``ConfigHooks``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from infra.config import ClusterConfig
-from infra.providers.base import NodeProvider
-from infra.state import ClusterState
-
-#: What builds a provider: a ``NodeProvider`` subclass, or any callable
-#: with its constructor's signature.
-ProviderFactory = Callable[[ClusterConfig, ClusterState], NodeProvider]
-
-#: cluster.yaml's ``provider`` -> where its class lives (loaded lazily).
-PROVIDERS: dict[str, str | ProviderFactory] = {
+#: cluster.yaml's ``provider`` -> where its class lives (loaded lazily), or
+#: what builds it: a ``NodeProvider`` subclass, or any callable with its
+#: constructor's signature (``infra.providers.base.ProviderFactory``).
+PROVIDERS: dict[str, str | Callable[..., Any]] = {
     "gce": "infra.providers.gce:GceProvider",
     "ssh": "infra.providers.ssh:SshProvider",
     "local": "infra.providers.local:LocalProvider",
 }
 
 
-def register_provider(name: str, factory: str | ProviderFactory) -> None:
+class ConfigHooks:
+    """What cluster.yaml asks a provider's class before any node exists;
+    ``NodeProvider`` inherits these defaults. ``config`` is the validated
+    ``ClusterConfig`` (not imported here: the config imports this)."""
+
+    #: The provider's own section of cluster.yaml, under its name (a strict
+    #: pydantic model; every field with a default): config.py adds it to the
+    #: file's keys when the file names this provider or has the key. None: no
+    #: section (ssh and hosts, which SSH transports and the config's checks
+    #: read too, are ClusterConfig's own fields).
+    config_section: ClassVar[type[BaseModel] | None] = None
+
+    @classmethod
+    def config_problem(cls, config: Any) -> tuple[tuple[str, ...], str] | None:
+        """What this provider refuses in an otherwise valid cluster.yaml, as
+        (the key it is about, one line); None when it has what it needs.
+        config.py asks it while validating the file."""
+        return None
+
+    @classmethod
+    def secret_files(cls, config: Any) -> list[str]:
+        """Files this provider's section names that must never leave this
+        machine (a service-account key), as cluster.yaml writes them: a
+        job's working folder is synced without them."""
+        return []
+
+    @classmethod
+    def gpus_per_node(cls, config: Any) -> int:
+        """GPUs each node has, from the config alone (setup installs the
+        GPU build of TensorFlow and checks the driver when > 0)."""
+        return 0
+
+
+def register_provider(name: str, factory: str | Callable[..., Any]) -> None:
     """Add (or replace) a provider: ``factory`` is a class, a callable, or
     "module:Class" text imported when first used. cluster.yaml accepts
     ``provider: <name>`` from then on."""
@@ -43,7 +77,7 @@ def provider_names() -> tuple[str, ...]:
     return tuple(PROVIDERS)
 
 
-def provider_factory(name: str) -> ProviderFactory:
+def provider_factory(name: str) -> Callable[..., Any]:
     """What builds provider ``name``, imported now if it is still text."""
     entry = PROVIDERS[name]
     if isinstance(entry, str):
@@ -54,13 +88,13 @@ def provider_factory(name: str) -> ProviderFactory:
     return entry
 
 
-def provider_class(name: str) -> type[NodeProvider]:
+def provider_class(name: str) -> type[ConfigHooks]:
     """The class of provider ``name``, for what it says before any node
     exists (GPUs per node); a plain factory is asked for nothing."""
     factory = provider_factory(name)
-    if isinstance(factory, type) and issubclass(factory, NodeProvider):
+    if isinstance(factory, type) and issubclass(factory, ConfigHooks):
         return factory
-    return NodeProvider
+    return ConfigHooks
 
 
 def provider_sections(names: Iterable[str]) -> dict[str, type[BaseModel]]:
@@ -73,16 +107,3 @@ def provider_sections(names: Iterable[str]) -> dict[str, type[BaseModel]]:
         if section is not None:
             sections[name] = section
     return sections
-
-
-def used_providers(config: ClusterConfig) -> list[type[NodeProvider]]:
-    """The classes of the providers a validated config uses: the one it
-    names, then any other whose section it has (config.py added those)."""
-    sections = [n for n in type(config).model_fields if n not in ClusterConfig.model_fields]
-    others = [n for n in sections if n in PROVIDERS and n != config.provider]
-    return [provider_class(n) for n in [config.provider, *others]]
-
-
-def get_provider(config: ClusterConfig, state: ClusterState | None = None) -> NodeProvider:
-    """The provider cluster.yaml names."""
-    return provider_factory(config.provider)(config, state or ClusterState(config.name))

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from infra.config import ClusterConfig
+from infra.keys import cluster_key
+from infra.providers import PROVIDERS, ConfigHooks, provider_class, provider_factory
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
@@ -86,12 +89,14 @@ class HostKeys:
     keys: tuple[str, ...] = ()
 
 
-class NodeProvider(ABC):
+class NodeProvider(ConfigHooks, ABC):
     """Creates, lists, starts, stops and terminates the nodes of one cluster.
 
     Every method that changes state is idempotent for nodes already in the
     target state, and works on several nodes in parallel: four nodes must
-    take about as long as one.
+    take about as long as one. What cluster.yaml asks of a provider before
+    any node exists (its section, its refusals) is ``ConfigHooks``, in the
+    registry (``infra/providers/__init__.py``), which the config reads.
     """
 
     #: Its name in cluster.yaml's ``provider`` (the registry's key).
@@ -120,11 +125,21 @@ class NodeProvider(ABC):
 
     # -- changes ---------------------------------------------------------------
 
-    def check_config(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+    def check_config(self) -> None:
         """Refuse (ConfigError) what the provider's cloud would refuse at
         create time; `up` calls it before planning, so a dry run shows it.
         Raised inside ``infra.config.in_file(self.config)``, the line names
         cluster.yaml first, as the file's other problems do (gce's does)."""
+
+    def login_key(self) -> tuple[Path, str]:
+        """The private key this cluster logs in to its nodes with and its
+        public line: ``ssh.key_file`` when cluster.yaml sets it, else the
+        per-cluster key in the state folder (made on first use). What a
+        provider with an SSH transport authorizes on its nodes and hands to
+        ``SshTransport``."""
+        return cluster_key(
+            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
+        )
 
     def remote_root(self) -> str:
         """The cluster's folder on its nodes (a layout path): ``setup.remote_dir``,
@@ -132,13 +147,13 @@ class NodeProvider(ABC):
         cluster's own in it."""
         return self.config.setup.remote_dir.rstrip("/") or "."
 
-    def check_owner(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+    def check_owner(self) -> None:
         """Refuse (StateError) where the cloud holds nodes or shared
         resources of this cluster's name that another state made (another
         person's cluster of the same name): `up` would adopt and overwrite
         them. `up` calls it before planning, as ``check_config``."""
 
-    def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+    def prepare(self) -> None:
         """Create what the cluster shares (firewall rule, SSH key); idempotent."""
 
     def shared_resources(self) -> list[str]:
@@ -153,7 +168,7 @@ class NodeProvider(ABC):
     def start_nodes(self, names: Sequence[str]) -> None:
         """Start these stopped nodes and wait until they are running."""
 
-    def wait_nodes(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
+    def wait_nodes(self, names: Sequence[str]) -> None:
         """Wait for these nodes, already on their way up, with the provider's
         own patience; by default ``lifecycle.wait_running`` alone waits."""
 
@@ -165,7 +180,7 @@ class NodeProvider(ABC):
     def terminate_nodes(self, names: Sequence[str]) -> None:
         """Delete these nodes; a node already gone is not an error."""
 
-    def release(self) -> None:  # noqa: B027 - optional hook
+    def release(self) -> None:
         """Delete what ``prepare`` created; already gone is not an error."""
 
     # -- reaching the nodes --------------------------------------------------------
@@ -189,7 +204,7 @@ class NodeProvider(ABC):
         """Extra environment for the job's tasks."""
         return {}
 
-    def before_tasks(self, program: Program, tasks: Sequence[TaskSpec]) -> None:  # noqa: B027
+    def before_tasks(self, program: Program, tasks: Sequence[TaskSpec]) -> None:
         """Called by a job's launch once its tasks are known, before the
         first one starts: what the provider does for them from this machine
         (local: their network namespace, the data the built-in trainer
@@ -240,13 +255,6 @@ class NodeProvider(ABC):
         patience (gce: gce.operation_timeout)."""
         return 600.0
 
-    #: The provider's own section of cluster.yaml, under its name (a strict
-    #: pydantic model; every field with a default): config.py adds it to the
-    #: file's keys when the file names this provider or has the key. None: no
-    #: section (ssh and hosts, which SSH transports and the config's checks
-    #: read too, are ClusterConfig's own fields).
-    config_section: ClassVar[type[BaseModel] | None] = None
-
     def section(self) -> BaseModel | None:
         """This cluster's ``config_section``, as cluster.yaml gives it (the
         section's defaults when the file leaves it out)."""
@@ -254,26 +262,6 @@ class NodeProvider(ABC):
             return None
         given = getattr(self.config, self.config.provider, None)
         return given if given is not None else self.config_section()
-
-    @classmethod
-    def config_problem(cls, config: ClusterConfig) -> tuple[tuple[str, ...], str] | None:
-        """What this provider refuses in an otherwise valid cluster.yaml, as
-        (the key it is about, one line); None when it has what it needs.
-        config.py asks it while validating the file."""
-        return None
-
-    @classmethod
-    def secret_files(cls, config: ClusterConfig) -> list[str]:
-        """Files this provider's section names that must never leave this
-        machine (a service-account key), as cluster.yaml writes them: a
-        job's working folder is synced without them."""
-        return []
-
-    @classmethod
-    def gpus_per_node(cls, config: ClusterConfig) -> int:
-        """GPUs each node has, from the config alone (setup installs the
-        GPU build of TensorFlow and checks the driver when > 0)."""
-        return 0
 
     def pending_reason(self, node: Node) -> str | None:
         """Why a pending node is not up yet, for `up`'s plan; None: it is
@@ -328,3 +316,22 @@ class NodeProvider(ABC):
         """Where the cost estimates come from (a dated price table and its
         region); None when the provider has no cost."""
         return None
+
+
+#: What builds a provider: a ``NodeProvider`` subclass, or any callable
+#: with its constructor's signature (the registry's entries).
+ProviderFactory = Callable[[ClusterConfig, ClusterState], NodeProvider]
+
+
+def get_provider(config: ClusterConfig, state: ClusterState | None = None) -> NodeProvider:
+    """The provider cluster.yaml names."""
+    factory: ProviderFactory = provider_factory(config.provider)
+    return factory(config, state or ClusterState(config.name))
+
+
+def used_providers(config: ClusterConfig) -> list[type[ConfigHooks]]:
+    """The classes of the providers a validated config uses: the one it
+    names, then any other whose section it has (config.py added those)."""
+    sections = [n for n in type(config).model_fields if n not in ClusterConfig.model_fields]
+    others = [n for n in sections if n in PROVIDERS and n != config.provider]
+    return [provider_class(n) for n in [config.provider, *others]]

@@ -28,13 +28,11 @@ import logging
 import socket
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from infra import commands
 from infra.config import ClusterConfig
 from infra.errors import ProviderError, RemoteError, StateError
 from infra.fanout import fan_out
-from infra.keys import cluster_key
 from infra.providers.base import Node, NodeProvider, NodeState
 from infra.transport import Transport
 
@@ -100,15 +98,9 @@ class SshProvider(NodeProvider):
     def not_running(self, node: Node) -> str:
         return f"{node.name} does not answer on its SSH port ({node.status.lower()})"
 
-    def key(self) -> tuple[Path, str]:
-        """The private key the cluster logs in with, and its public line."""
-        return cluster_key(
-            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
-        )
-
     def prepare(self) -> None:
         # The per-cluster key must exist before anything logs in.
-        self.key()
+        self.login_key()
 
     def non_terminated_nodes(self) -> list[Node]:
         hosts = {name: self.config.hosts[name] for name in self.config.nodes}
@@ -209,7 +201,7 @@ class SshProvider(NodeProvider):
         # hosts, which needs no SSH stack.
         from infra.remote import SshTarget, SshTransport
 
-        key_file, _ = self.key()
+        key_file, _ = self.login_key()
         targets = []
         for node in nodes:
             host = self.config.hosts.get(node.name)

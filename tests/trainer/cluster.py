@@ -1,6 +1,6 @@
-"""The loopback jobs of the trainer's tests: infra/loopback.py (a library
-module, so that bench/trainer.py needs nothing of tests/)."""
+"""The loopback jobs of the trainer's tests: bench/support/loopback.py
+(beside the benchmarks, so that bench/trainer.py needs nothing of tests/)."""
 
-from infra.loopback import REPO, LocalJob, free_ports, local_job, read_summary, task_env
+from bench.support.loopback import REPO, LocalJob, free_ports, local_job, read_summary, task_env
 
 __all__ = ["REPO", "LocalJob", "free_ports", "local_job", "read_summary", "task_env"]

@@ -20,7 +20,7 @@ from trainer.models.base import Task
 from trainer.modes.base import CollectiveMode
 
 if TYPE_CHECKING:
-    from trainer.training import State
+    from trainer.checkpoints import State
 
 
 class AverageMode(CollectiveMode):

@@ -35,7 +35,7 @@ from trainer.models.base import Phase, Task
 from trainer.steps import CallResult, train_calls
 
 if TYPE_CHECKING:
-    from trainer.training import State
+    from trainer.checkpoints import State
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 Call = Callable[[object, tf.Tensor, tf.Tensor], CallResult]

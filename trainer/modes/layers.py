@@ -37,7 +37,7 @@ from trainer.modes.base import Call, TrainingMode
 from trainer.pipeline import PipelineStep, StageTiming
 
 if TYPE_CHECKING:
-    from trainer.training import State
+    from trainer.checkpoints import State
 
 # What a lost task raises in the middle of a step.
 LOST = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)

@@ -24,7 +24,7 @@ from trainer.modes.base import NEVER_RELEASED, Call, DatasetFn, TrainingMode
 from trainer.steps import overlapped_calls, train_calls
 
 if TYPE_CHECKING:
-    from trainer.training import State
+    from trainer.checkpoints import State
 
 
 class AsyncMode(TrainingMode):

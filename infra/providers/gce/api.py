@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from infra.config import ClusterConfig
 from infra.errors import CredentialsError, ProviderError, TfclusterError
-from infra.keys import cluster_key
 from infra.providers.base import NodeProvider
 from infra.providers.gce._google import auth_exceptions, client_options, compute_v1, requests
 from infra.providers.gce.config import gce_config
@@ -40,7 +39,6 @@ from infra.providers.gce.parallel import (
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
     from google.auth.credentials import Credentials
 
@@ -71,7 +69,9 @@ def _last(url: str | None) -> str:
     return (url or "").rstrip("/").rsplit("/", 1)[-1]
 
 
-def _retried(what: str, *, mutates: bool) -> Callable[[_F], _F]:
+def _retried(
+    what: str, *, mutates: bool, changes_instances: bool = True
+) -> Callable[[_F], _F]:
     """Retry the decorated API call on transient failures (see ``_transient``)
     with exponential backoff and jitter, within ``self.retry_policy``; give
     up with a ProviderError naming ``what`` (formatted with the call's
@@ -79,7 +79,9 @@ def _retried(what: str, *, mutates: bool) -> Callable[[_F], _F]:
 
     ``mutates``: the call changes something (creates, deletes, starts,
     stops, sets); an interrupted batch waits for such a call to be answered
-    (see ``parallel``). Every call says which it is."""
+    (see ``parallel``). Every call says which it is. A mutating call that
+    ``changes_instances`` (all but the firewall's) forgets the last listing
+    (``_listed``)."""
 
     def decorate(fn: _F) -> _F:
         signature = inspect.signature(fn)
@@ -93,6 +95,8 @@ def _retried(what: str, *, mutates: bool) -> Callable[[_F], _F]:
             while True:
                 _check_cancelled()
                 attempt += 1
+                if mutates and changes_instances:
+                    self._listed = None
                 try:
                     with _mutation() if mutates else contextlib.nullcontext():
                         return fn(self, *args, **kwargs)
@@ -151,6 +155,9 @@ class GceApi(NodeProvider):
         # Read from the API by ``prepare`` (check_plan): the image's size.
         self._image_gb: int | None = None
         self._oslogin = False
+        # check_config passed: cluster.yaml and what the API said of it do
+        # not change within one command, which asks it up to three times.
+        self._config_checked = False
         self._clients_lock = threading.Lock()
         self._clients: _Clients | None = None
         self._unpriced: set[str] = set()
@@ -159,11 +166,11 @@ class GceApi(NodeProvider):
         self._warned: set[str] = set()
         # Instances of the cluster's name another state made: name -> its id.
         self.foreign: dict[str, str] = {}
-
-    def _key(self) -> tuple[Path, str]:
-        return cluster_key(
-            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
-        )
+        # The last listing of the cluster's instances (``GceNodes._instances``)
+        # while no call of this provider changed anything since: the next
+        # step of the same command (`up`'s prepare) reads it instead of
+        # listing again. Any mutating call forgets it.
+        self._listed: dict[str, list[compute_v1.Instance]] | None = None
 
     @property
     def _endpoint(self) -> str:

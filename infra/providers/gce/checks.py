@@ -4,12 +4,17 @@ Real GCE refuses a bad instance body only at ``instances.insert``, after
 ``up`` has made the firewall rules, and with a message that names a field
 path rather than the cluster.yaml key. So the provider checks first:
 
-* ``check_config`` (no API call; every command runs it): machine family vs
-  accelerators and their counts, disk type vs machine family, the image's
-  form, GPUs on an image known to lack the NVIDIA driver, ``gce.metadata``.
-* ``check_image`` and ``check_network`` (one API read each, before
-  ``prepare`` changes anything): disk size vs the image's size, a
+* ``check_config`` (no API call): machine family vs accelerators and
+  their counts, disk type vs machine family, the image's form, GPUs on an
+  image known to lack the NVIDIA driver, ``gce.metadata``.
+* ``check_image_size`` and ``check_subnetwork``, given what the API
+  answered (``GceProject.check_plan`` reads the image and the network,
+  before ``prepare`` changes anything): disk size vs the image's size, a
   custom-mode network's subnetwork in the region of every zone.
+
+Both run on the way up only (``GceProject.check_config``: `up` and
+`up --dry-run`), so that `down`, `stop` and `status` work whatever
+cluster.yaml says now.
 
 Each failure is one ``ConfigError`` line (exit 2) naming the key, the value
 and the valid choices. The tables are the documented Compute Engine rules

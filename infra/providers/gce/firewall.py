@@ -43,7 +43,7 @@ class GceFirewall(GceApi):
         except api_exceptions.NotFound:
             return None
 
-    @_retried("create firewall rule {body.name}", mutates=True)
+    @_retried("create firewall rule {body.name}", mutates=True, changes_instances=False)
     def _insert_firewall(self, body: compute_v1.Firewall) -> compute_v1.Operation:
         return self.api.firewalls.insert_unary(
             project=self._firewall_project(),
@@ -52,7 +52,7 @@ class GceFirewall(GceApi):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("update firewall rule {body.name}", mutates=True)
+    @_retried("update firewall rule {body.name}", mutates=True, changes_instances=False)
     def _update_firewall(self, body: compute_v1.Firewall) -> compute_v1.Operation:
         # update (PUT) replaces the rule: a field the rule should not have
         # (a stray sourceRanges) is cleared, which PATCH would keep.
@@ -64,7 +64,7 @@ class GceFirewall(GceApi):
             timeout=_CALL_TIMEOUT_S,
         )
 
-    @_retried("delete firewall rule {name}", mutates=True)
+    @_retried("delete firewall rule {name}", mutates=True, changes_instances=False)
     def _delete_firewall(self, name: str) -> compute_v1.Operation | None:
         try:
             return self.api.firewalls.delete_unary(

@@ -189,9 +189,9 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         if not names:
             return
-        _, public_key = self._key()
+        _, public_key = self.login_key()
         with self._api_errors(f"creating {', '.join(names)}"):
-            existing = self._instances()
+            existing = self._instances_as_listed()  # `up`'s, when it just listed
             present = [n for n in names if n in existing]
             if present:
                 # Created meanwhile (another run, or an interrupted one): start, not re-create.
@@ -360,7 +360,7 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         if not names:
             return
-        _, public_key = self._key()
+        _, public_key = self.login_key()
         with self._api_errors(f"starting {', '.join(names)}"):
             existing = self._instances()
             missing = [n for n in names if n not in existing]

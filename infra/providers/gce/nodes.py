@@ -191,7 +191,17 @@ class GceNodes(GceApi):
                     name,
                     ", ".join(_last(i.zone) for i in found),
                 )
+        self._listed = by_name
         return by_name
+
+    def _instances_as_listed(self, *, keep: bool = False) -> dict[str, list[compute_v1.Instance]]:
+        """The listing this command has just made, when nothing changed
+        since (``_listed``); else a new one. Used once unless ``keep``
+        (a step that changes instances forgets it anyway)."""
+        listed = self._listed if self._listed is not None else self._instances()
+        if not keep:
+            self._listed = None
+        return listed
 
     def non_terminated_nodes(self) -> list[Node]:
         with self._api_errors(f"listing the nodes of {self.config.name}"):

@@ -47,11 +47,15 @@ class GceProject(GceApi):
     def check_config(self) -> None:
         # Only on the way up (`up`, `up --dry-run`, prepare): `down`, `stop`
         # and `status` must work whatever cluster.yaml says now. The static
-        # checks first: they need no credentials.
+        # checks first: they need no credentials. Once per provider, that
+        # is per command (`up` plans, plans again under the lock, prepares).
+        if self._config_checked:
+            return
         with in_file(self.config):
             checks.check_config(self.gce, reserved_metadata=RESERVED_METADATA)
             with self._api_errors("checking cluster.yaml against the project"):
                 self.check_plan()
+        self._config_checked = True
 
     def check_plan(self) -> None:
         """The checks that read the API (the image, the network, the

@@ -49,7 +49,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     def prepare(self) -> None:
         """The SSH key, the firewall rules, and the key and labels on any
         existing node (a lost state folder means a new key: re-install it)."""
-        _, public_key = self._key()
+        _, public_key = self.login_key()
         if self._ssh_open_to_all():
             log.warning(
                 "SSH to the nodes is open to the whole internet (gce.ssh_source_ranges: %s); "
@@ -67,14 +67,16 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
                 op = self._delete_firewall(self.ssh_deny_rule)
                 if op is not None:
                     self._wait_operation(op, zone=None, what=f"delete {self.ssh_deny_rule}")
-            self._sync_nodes(self._instances(), public_key)
+            # `up` listed the nodes to plan: that listing, not another.
+            self._sync_nodes(self._instances_as_listed(keep=True), public_key)
 
     def check_owner(self) -> None:
         """Nodes and rules of this name that another state made (another
         person's cluster of the shipped name in one project) are refused,
         before `up` would take them over and replace their ``ssh-keys``."""
         with self._api_errors(f"listing what {self.config.name} has in the project"):
-            self._instances()
+            if self._listed is None:  # `up`'s plan listed them just before
+                self._instances()
             found = {**self.foreign, **self.foreign_rules()}
         if found:
             raise self.not_ours(found)
@@ -83,7 +85,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
         # Imported here: the SSH stack is not needed to list or create nodes.
         from infra.remote import SshTarget, SshTransport
 
-        key_file, _ = self._key()
+        key_file, _ = self.login_key()
         unreachable = [n.name for n in nodes if not (n.ssh_host or n.external_ip)]
         if unreachable:
             raise StateError(

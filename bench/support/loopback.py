@@ -5,6 +5,10 @@ in files, each task pinned to CPUs of its own if asked, and ``stop()`` that
 always kills what it started. No state, no sync, no transport: what the
 trainer's tests and bench/trainer.py measure is the trainer alone (the
 local provider, by contrast, is a whole cluster on this machine).
+
+Scaffolding for measuring, not part of the library (a folder of its own, so
+that `make bench`, which runs every ``bench/*.py``, does not run it; the
+trainer's tests use it too, through tests/trainer/cluster.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from infra.tfconfig import TaskSpec, build_tasks, tf_config_json
 from trainer import catalog
 
 # The checkout whose trainer/ the tasks run.
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_ports(count: int) -> list[int]:

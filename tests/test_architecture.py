@@ -1,0 +1,156 @@
+"""The import graph of the code (tests/import_graph.py, read with ``ast``):
+no circle among the modules of infra/, trainer/, tfcluster_cli/ and
+deploy.py, counting imports under ``TYPE_CHECKING`` and inside functions;
+and the library below the command lines.
+
+A circle is removed by moving the shared piece down (a small module, a
+protocol of what one side asks of the other, a value passed in), never by
+hiding the import."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+
+from tests.import_graph import REPO, cycles, graph, imports, modules
+from trainer import catalog
+
+PRODUCT = ("infra", "trainer", "tfcluster_cli")
+
+
+def _product_graph() -> dict[str, dict[str, int]]:
+    paths = [p for folder in PRODUCT for p in modules(folder)] + [REPO / "deploy.py"]
+    return graph(paths)
+
+
+def _show(edges: dict[str, dict[str, int]], circle: list[str]) -> str:
+    return (
+        " -> ".join(f"{a} (line {edges[a][b]})" for a, b in itertools.pairwise(circle))
+        + f" -> {circle[-1]}"
+    )
+
+
+def test_no_import_circle() -> None:
+    edges = _product_graph()
+    found = [_show(edges, c) for c in cycles(edges)]
+    assert found == [], "import circles:\n" + "\n".join(found)
+
+
+def test_the_graph_is_the_whole_product() -> None:
+    """The reader finds the modules and their imports at all (else the test
+    above passes on nothing)."""
+    edges = _product_graph()
+    assert len(edges) > 100
+    assert "infra.cluster_base" in edges["infra.cluster"]
+    assert "trainer.catalog" in edges["infra.config_schema"]
+    assert "infra.cluster" in edges["deploy"] or any(
+        n.startswith("tfcluster_cli") for n in edges["deploy"]
+    )
+
+
+def test_the_cycle_finder_finds_circles_and_only_circles() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    # Two circles, one through a module both share, and a tail that is not part of them.
+    found = cycles({"x": {"y"}, "y": {"x", "z"}, "z": {"w"}, "w": {"z"}, "v": {"x"}})
+    assert found == [["w", "z", "w"], ["x", "y", "x"]]
+    # The shortest way round, not merely the first found.
+    assert cycles({"a": {"b", "c"}, "b": {"c"}, "c": {"a"}}) == [["a", "c", "a"]]
+
+
+def test_a_package_import_counts_its_parents() -> None:
+    """``import infra.providers.gce.checks`` runs infra/providers/__init__.py
+    and infra/providers/gce/__init__.py first: edges to both; a module's own
+    packages are no edge (they are running already)."""
+    edges = graph([*modules("infra/providers"), REPO / "infra" / "cluster_base.py"])
+    assert {"infra.providers", "infra.providers.base"} <= set(edges["infra.cluster_base"])
+    assert "infra.providers" not in edges["infra.providers.local"]
+    assert "infra.providers.base" in edges["infra.providers.gce.provider"]
+    assert "infra.providers" not in edges["infra.providers.gce.provider"]
+
+
+def test_the_library_never_imports_the_command_lines() -> None:
+    """infra/ and trainer/ are used from a notebook as from the CLI: no
+    click, no tfcluster_cli, no deploy.py."""
+    found = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for folder in ("infra", "trainer")
+        for path in modules(folder)
+        for name in sorted(imports(path))
+        if name.split(".")[0] in ("click", "tfcluster_cli", "deploy")
+    ]
+    assert found == []
+
+
+# -- the trainer's catalog: the one place modes and models differ ---------------
+
+# Where a mode or model may be named in a comparison: the catalog and the
+# modules that implement them. bench/ picks the modes it measures by name
+# (what a benchmark compares is its own choice) and is not scanned.
+NAMES_MAY_BE_COMPARED = ("trainer/catalog.py", "trainer/modes/", "trainer/models/")
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for element in node.elts for s in _strings(element)]
+    return []
+
+
+def name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, comparison) for each comparison in ``source`` with one of
+    ``names`` as a literal (``x == "sync"``, ``m not in ("a", "b")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(s in names for side in sides for s in _strings(side)):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_name_scan_sees_comparisons() -> None:
+    source = (
+        'if args.mode != "ensemble": pass\n'
+        'ok = mode in ("sync", "average")\n'
+        'label = "sync"\n'  # a value, not a comparison
+        'other = kind == "ssh"\n'
+    )
+    names = {"ensemble", "sync", "average"}
+    assert [line for line, _ in name_comparisons(source, names)] == [1, 2]
+
+
+def test_modes_and_models_are_compared_only_in_the_catalog() -> None:
+    names = set(catalog.MODE_NAMES) | set(catalog.MODELS)
+    paths = [p for folder in PRODUCT for p in modules(folder)] + [REPO / "deploy.py"]
+    found = [
+        f"{rel}:{line}: {text}"
+        for path in paths
+        if not (rel := path.relative_to(REPO).as_posix()).startswith(NAMES_MAY_BE_COMPARED)
+        for line, text in name_comparisons(path.read_text(encoding="utf-8"), names)
+    ]
+    assert found == [], "ask trainer/catalog.py (a field of the Mode or Model) instead:\n" + (
+        "\n".join(found)
+    )
+
+
+def test_the_catalog_entries_name_their_fields() -> None:
+    """``Model("cnn", module=..., learning_rate=...)``: the name, then
+    keywords, so that an entry reads without the dataclass beside it."""
+    tree = ast.parse((REPO / "trainer" / "catalog.py").read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Model"
+    ]
+    assert len(calls) == len(catalog.MODELS)
+    assert [ast.unparse(c)[:60] for c in calls if len(c.args) > 1] == []
+
+
+def test_the_defaults_are_in_the_catalog() -> None:
+    assert catalog.mode(catalog.DEFAULT_MODE).one_process
+    assert catalog.DEFAULT_MODEL in catalog.MODELS
+    assert catalog.DEFAULT_MODE in [m for m in catalog.MODE_NAMES if catalog.one_process(m)]
+    assert not catalog.one_process("sync")
+    assert not catalog.one_process("no-such-mode") and not catalog.one_process(None)
