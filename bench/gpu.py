@@ -64,7 +64,8 @@ MODELS = ("convnet", "cnn")
 BATCH = {"convnet": 1024, "cnn": 256}
 TARGET_MODEL = "cnn"
 CHILD_TIMEOUT_S = 3600
-CHILDREN = Path(__file__).with_name("gpu_children.py")  # the code run in each TensorFlow
+# The code run in each TensorFlow.
+CHILDREN = Path(__file__).parent / "support" / "gpu_children.py"
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Sizes:
     target_modes: tuple[str, ...] = ("single", "sync")  # trainer modes timed to the target
 
 
-# -- child processes (each its own TensorFlow: bench/gpu_children.py) -----------------------------
+# -- child processes (each its own TensorFlow: bench/support/gpu_children.py) ----------------------
 
 
 def child_env(cpu: bool, **extra: str) -> dict[str, str]:
@@ -102,7 +103,7 @@ def child_env(cpu: bool, **extra: str) -> dict[str, str]:
 
 
 def run_child(kind: str, spec: dict[str, Any], cpu: bool) -> dict[str, Any]:
-    """Run ``bench/gpu_children.py KIND SPEC`` and return the JSON of its last line."""
+    """Run ``bench/support/gpu_children.py KIND SPEC`` and return the JSON of its last line."""
     out = subprocess.run(
         [sys.executable, str(CHILDREN), kind, json.dumps(spec)],
         env=child_env(cpu),

@@ -2,7 +2,7 @@
 of its own (a fresh process, no memory held from the set-up before) and
 prints its result as JSON on its last line.
 
-Usage (bench/gpu.py runs it): ``python bench/gpu_children.py KIND SPEC``,
+Usage (bench/gpu.py runs it): ``python bench/support/gpu_children.py KIND SPEC``,
 KIND one of probe, keras, eval and SPEC a JSON object.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import keras  # noqa: E402
