@@ -33,6 +33,7 @@ from trainer.flags import Config
 from trainer.inputs import stream_key
 from trainer.loop import Monitor, PhaseRun, run_synchronous
 from trainer.models.base import Phase, Task
+from trainer.optimizers import FusedAdam
 from trainer.schedules import LearningRate
 from trainer.steps import CallResult, train_calls
 
@@ -109,8 +110,9 @@ class TrainingMode:
         return task.build_model()
 
     def optimizer(self, learning_rate: LearningRate) -> keras.optimizers.Optimizer:
-        """A phase's optimizer (before the mixed-precision wrapper)."""
-        return keras.optimizers.Adam(learning_rate)
+        """A phase's optimizer (before the mixed-precision wrapper): Adam,
+        fused (``trainer/optimizers.py`` says what it saves)."""
+        return FusedAdam(learning_rate)
 
     def checkpoint_options(self) -> tf.train.CheckpointOptions | None:
         """How checkpoints are written and read (None: TensorFlow's default,
