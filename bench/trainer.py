@@ -56,7 +56,7 @@ from bench.support.loopback import LocalJob, read_summary, task_env  # noqa: E40
 WARMUP_STEPS = 25
 
 
-def keras_fit(steps: int, batch_size: int, data_dir: str) -> float:
+def keras_fit(steps: int, batch_size: int, data_dir: str, warmup: int = WARMUP_STEPS) -> float:
     """Examples/s of plain Keras fit after a warm-up epoch (runs in a child
     process so that every set-up starts from a fresh TensorFlow)."""
     import keras
@@ -94,10 +94,10 @@ def keras_fit(steps: int, batch_size: int, data_dir: str) -> float:
         .batch(batch_size)
         .prefetch(tf.data.AUTOTUNE)
     )
-    model.fit(data, steps_per_epoch=WARMUP_STEPS, epochs=1, verbose=0)
+    model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
     start = time.perf_counter()
-    model.fit(data, steps_per_epoch=steps - WARMUP_STEPS, epochs=1, verbose=0)
-    return (steps - WARMUP_STEPS) * batch_size / (time.perf_counter() - start)
+    model.fit(data, steps_per_epoch=steps - warmup, epochs=1, verbose=0)
+    return (steps - warmup) * batch_size / (time.perf_counter() - start)
 
 
 def placement(mode: str, workers: int, ps: int) -> dict[str, set[int]]:
@@ -117,10 +117,12 @@ def placement(mode: str, workers: int, ps: int) -> dict[str, set[int]]:
     return {name: {cores[i % len(cores)]} for i, name in enumerate(trainers)}
 
 
-def run_keras(steps: int, batch_size: int, data_dir: str, pin: bool) -> float:
+def run_keras(
+    steps: int, batch_size: int, data_dir: str, pin: bool, warmup: int = WARMUP_STEPS
+) -> float:
     out = subprocess.run(
-        [sys.executable, __file__, "--keras-child", "--steps", str(steps),
-         "--batch-size", str(batch_size), "--data-dir", data_dir],
+        [sys.executable, __file__, "--keras-child", "--steps", str(steps), "--warmup",
+         str(warmup), "--batch-size", str(batch_size), "--data-dir", data_dir],
         env=task_env(), capture_output=True, text=True, check=True,
         preexec_fn=_pin_to(placement("single", 1, 0)["chief-0"]) if pin else None,
     )  # fmt: skip
@@ -246,9 +248,10 @@ def main() -> int:
         help="one core per task, as if each had its own machine (default on 2+ CPUs)",
     )
     parser.add_argument("--keras-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=WARMUP_STEPS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.keras_child:
-        print(keras_fit(args.steps, args.batch_size, args.data_dir))
+        print(keras_fit(args.steps, args.batch_size, args.data_dir, args.warmup))
         return 0
     if args.steps <= 2 * WARMUP_STEPS:
         parser.error(f"--steps must be above {2 * WARMUP_STEPS}")

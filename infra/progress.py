@@ -114,6 +114,13 @@ def _describe(event: ProgressEvent) -> str:
         if event.get("total") is not None:
             text += f", {number(event.get('total'), '.1f')} s from the command"
         return text
+    if event.kind == "eval":
+        scores = {k: event.get(k) for k in ("test_accuracy", "test_loss", "psnr_reconstructed")}
+        return (
+            f"eval at step {event.get('step')} (epoch {number(event.get('epoch'), '.2f')}, "
+            f"{number(event.get('train_s'), '.0f')} s of training): "
+            + metrics_text({k: v for k, v in scores.items() if v is not None}, ".4f")
+        )
     if event.kind == "phase":
         return f"phase {event.get('name')}"
     if event.kind == "checkpoint":

@@ -43,7 +43,7 @@ class Malformed(ValueError):
 @dataclass(frozen=True)
 class ProgressEvent:
     """One event from the chief: start, progress, phase, checkpoint, done,
-    error, startup, or a program's own metrics."""
+    error, startup, eval, or a program's own metrics."""
 
     kind: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -167,6 +167,20 @@ SCHEMAS: dict[str, Check] = {
     "done": fields({"summary": SUMMARY}),
     "error": fields({"message": LONG}),
     "startup": fields({"stage": NAME, "seconds": number, "total": number}),
+    # A test-set evaluation during training (the trainer's --eval-every).
+    "eval": fields(
+        {
+            "step": count,
+            "epoch": number,
+            "train_s": number,
+            "elapsed": number,
+            "eval_s": number,
+            "test_accuracy": number,
+            "test_loss": number,
+            "psnr_corrupted": number,
+            "psnr_reconstructed": number,
+        }
+    ),
     "metrics": metrics,  # a program's own: every field a number
 }
 

@@ -18,6 +18,7 @@ from trainer.options import Option, non_negative_int, positive_float, positive_i
 # Set (to anything but "", "0") by whoever starts the trainer on a node with
 # an accelerator: the same as --require-gpu.
 REQUIRE_GPU_ENV = "TFCLUSTER_REQUIRE_GPU"
+LR_SCHEDULES = ("cosine", "constant")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class Config:
     epochs: float | None = None
     batch_size: int = 128
     learning_rate: float = 1e-3
+    # "cosine": the step size decays from learning_rate to 0 over each
+    # phase's steps; "constant": learning_rate throughout.
+    lr_schedule: str = "cosine"
+    # Test-set evaluation every this many epochs during training (None: only
+    # at the end, with --eval).
+    eval_every: float | None = None
     seed: int = 1
     output_dir: str = "runs/default"
     data_dir: str | None = None
@@ -90,6 +97,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--learning-rate", type=positive_float, help="Adam step size (default per model)"
     )
+    p.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default="cosine",
+        help="cosine (default): the step size decays from --learning-rate to 0 over the "
+        "run (each phase's steps); constant: --learning-rate throughout",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--output-dir",
@@ -120,6 +134,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="evaluate on the held-out test images at the end",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=positive_float,
+        metavar="EPOCHS",
+        help="also evaluate on the held-out test images every EPOCHS epochs (e.g. 0.5) "
+        "while training: an `eval` progress event and summary.json's evaluations",
     )
 
 
@@ -207,6 +228,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate or model.learning_rate,
+        lr_schedule=args.lr_schedule,
+        eval_every=args.eval_every,
         seed=args.seed,
         output_dir=_output_dir(args),
         data_dir=args.data_dir,

@@ -68,14 +68,19 @@ class Monitor:
         log_every: int,
         checkpoint_every: int,
         before_save: Callable[[], None] | None = None,
+        eval_every: int = 0,
+        evaluate: Callable[[int], None] | None = None,
     ) -> None:
         self.runlog = runlog
         self.checkpoints = checkpoints
         self.log_every = log_every
         self.checkpoint_every = checkpoint_every
         self.before_save = before_save
+        # Steps between test-set evaluations during training (0: none).
+        self.eval_every = eval_every if evaluate is not None else 0
+        self.evaluate = evaluate
         self.phase: Phase | None = None
-        self.last_log = self.last_checkpoint = 0
+        self.last_log = self.last_checkpoint = self.last_eval = 0
         self.last_loss: float | None = None
         self._reset()
 
@@ -85,7 +90,7 @@ class Monitor:
 
     def enter(self, phase: Phase, step: int) -> None:
         self.phase = phase
-        self.last_log = self.last_checkpoint = step
+        self.last_log = self.last_checkpoint = self.last_eval = step
         self._reset()
         self.runlog.phase(phase.name)
 
@@ -105,6 +110,10 @@ class Monitor:
             self.log(step)
         if self._crossed(self.last_checkpoint, step, self.checkpoint_every):
             self.save(step)
+        if self._crossed(self.last_eval, step, self.eval_every):
+            self.last_eval = step
+            assert self.evaluate is not None
+            self.evaluate(step)
 
     @staticmethod
     def _crossed(last: int, step: int, every: int) -> bool:

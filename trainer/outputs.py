@@ -60,6 +60,9 @@ class RunLog:
         self._last_step = start_step
         # Throughput after the first interval leaves out tracing and compiling.
         self._steady_from: tuple[int, float] | None = None
+        # Test-set evaluations during training (--eval-every), and their time.
+        self.evaluations: list[dict[str, Any]] = []
+        self.evaluation_seconds = 0.0
 
     def begin(self) -> None:
         """Training starts now (after setup, before the first step)."""
@@ -117,6 +120,32 @@ class RunLog:
             f.write(json.dumps(line) + "\n")
         self.scalars(step, {"loss": loss, **metrics, "examples_per_sec": line["examples_per_sec"]})
 
+    def evaluation(
+        self, step: int, epoch: float, results: Mapping[str, Any], seconds: float
+    ) -> None:
+        """A test-set evaluation at ``step`` that took ``seconds``: an
+        ``eval`` progress event and a row of summary.json's evaluations.
+        ``train_s`` is the training time to ``step``, the evaluations
+        before it left out (time to accuracy)."""
+        now = time.perf_counter()
+        elapsed = self.elapsed_offset + now - seconds - self._t0
+        self._last_time += seconds  # the next interval's throughput: training only
+        row = {
+            "step": step,
+            "epoch": round(epoch, 4),
+            "train_s": round(elapsed - self.evaluation_seconds, 3),
+            "elapsed": round(elapsed, 3),
+            "eval_s": round(seconds, 3),
+            **results,
+        }
+        self.evaluation_seconds += seconds
+        self.evaluations.append(row)
+        if not self.enabled:
+            return
+        self.progress.emit("eval", **row)
+        numbers = {f"test/{k}": v for k, v in results.items() if isinstance(v, int | float)}
+        self.scalars(step, numbers)
+
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         if self._writer is None:
             return
@@ -147,6 +176,7 @@ class RunLog:
             "training_seconds": seconds,
             "examples": float(examples),
             "examples_per_sec": examples / seconds if seconds > 0 else 0.0,
+            "evaluation_seconds": self.evaluation_seconds,
         }
         if self._steady_from is not None and step > self._steady_from[0]:
             first_step, first_time = self._steady_from

@@ -4,8 +4,9 @@
 else on stdout is ordinary text), so the format is a contract: the prefix,
 then a single-line JSON object whose first key is ``event``. Events: start,
 progress, phase, checkpoint, done, error, startup (one per stage of the
-start, ``Startup``). Each line is flushed at once so the orchestrator,
-which tails the log file, sees it while training goes on.
+start, ``Startup``), eval (a test-set evaluation during training). Each
+line is flushed at once so the orchestrator, which tails the log file,
+sees it while training goes on.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import accelerators, modes
+from trainer import accelerators, modes, schedules
 from trainer.checkpoints import Checkpoints, State
 from trainer.data import count_examples, load_split
 from trainer.distribute import ClusterInfo
@@ -95,12 +96,15 @@ class Training:
             for phase, optimizer in zip(state.phases, state.optimizers, strict=True)
         ]
         runlog = self.run_log(total_steps, start, announce_phases=len(state.phases) > 1)
+        eval_every = self.eval_every_steps(task)
         monitor = Monitor(
             runlog,
             checkpoints,
             log_every=config.log_every,
             checkpoint_every=config.checkpoint_every,
             before_save=mode.before_save,
+            eval_every=eval_every,
+            evaluate=self.evaluator(task, state.model, runlog, eval_every) if eval_every else None,
         )
         self.announce(total_steps, start)
 
@@ -125,6 +129,7 @@ class Training:
                 restored=restored,
                 started=started,
             )
+            summary["evaluations"] = runlog.evaluations
             self.finish(task, state.model, runlog, summary, results)
         runlog.close()
         mode.leave(iterator)
@@ -173,8 +178,15 @@ class Training:
             "batch_size": config.batch_size,
             "examples_per_step": self.examples_per_step,
             "learning_rate": config.learning_rate,
+            "lr_schedule": config.lr_schedule,
+            # The step size at the end: 0 after a whole cosine schedule.
+            "final_learning_rate": {
+                p.name: schedules.current(o)
+                for p, o in zip(state.phases, state.optimizers, strict=True)
+            },
             **timing,
             "final_loss": final_loss,
+            "eval_every": self.config.eval_every,
             "phases": [{"name": p.name, "start": p.start, "end": p.end} for p in state.phases],
             "startup_s": self.startup.summary(),
             "optimizer_iterations": {
@@ -201,8 +213,35 @@ class Training:
         if self.config.steps is not None:
             return self.config.steps
         assert self.config.epochs is not None
+        return max(1, math.ceil(self.config.epochs * self.epoch_steps(task)))
+
+    def epoch_steps(self, task: Task) -> float:
+        """Global steps in one pass over the training set."""
         epoch = task.train_examples(count_examples(self.data_dir, "train"))
-        return max(1, math.ceil(self.config.epochs * epoch / self.examples_per_step))
+        return epoch / self.examples_per_step
+
+    def eval_every_steps(self, task: Task) -> int:
+        """--eval-every's epochs in global steps (0: no evaluation during training)."""
+        if self.config.eval_every is None:
+            return 0
+        return max(1, round(self.config.eval_every * self.epoch_steps(task)))
+
+    def evaluator(
+        self, task: Task, model: keras.Model, runlog: RunLog, every: int
+    ) -> Callable[[int], None]:
+        """``evaluate(step)``: the test set scored now, by the mode
+        (``evaluate_now``), recorded by the chief's ``runlog``."""
+        test = load_split(self.data_dir, "test")
+        epoch_steps = self.epoch_steps(task)
+
+        def evaluate(step: int) -> None:
+            began = time.perf_counter()
+            results = self.mode.evaluate_now(task, model, test)
+            if results is not None:
+                seconds = time.perf_counter() - began
+                runlog.evaluation(step, step / epoch_steps, results, seconds)
+
+        return evaluate
 
     def build_state(self, task: Task, total_steps: int) -> State:
         """Every variable of every phase, and every optimizer slot, before the
@@ -213,7 +252,7 @@ class Training:
             phases = task.phases(model, total_steps)
             optimizers = []
             for phase in phases:
-                optimizer = self.mode.optimizer(self.config.learning_rate)
+                optimizer = self.mode.optimizer(schedules.learning_rate(self.config, phase))
                 if self.config.mixed_precision:
                     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
                 optimizer.build(list(phase.variables))

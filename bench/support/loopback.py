@@ -83,6 +83,9 @@ class LocalJob:
     env: dict[str, str] = field(default_factory=dict)
     # Task name (ps-0, worker-1, chief-0) -> the CPUs it may run on; unset: all.
     cpus: Mapping[str, set[int]] = field(default_factory=dict)
+    # Another program for every task, on the same cluster as ``mode``'s
+    # (python's arguments: a script, then ``argv``); unset: the trainer.
+    program: Sequence[str] = ()
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     tasks: list[TaskSpec] = field(default_factory=list)
 
@@ -113,8 +116,9 @@ class LocalJob:
             if catalog.mode(self.mode).needs_workers:
                 env["TF_CONFIG"] = tf_config_json(self.tasks, task)
             log = (self.log_dir / f"{task.name}.log").open("wb")
+            command = list(self.program) or ["-m", "trainer", "--mode", self.mode]
             self.processes[task.name] = subprocess.Popen(
-                [sys.executable, "-m", "trainer", "--mode", self.mode, *self.argv],
+                [sys.executable, *command, *self.argv],
                 cwd=REPO,
                 env=env,
                 stdout=log,

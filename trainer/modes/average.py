@@ -13,9 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import keras
 import tensorflow as tf
 
 from trainer import collectives, distribute
+from trainer.data import Split
 from trainer.models.base import Task
 from trainer.modes.base import CollectiveMode
 
@@ -55,6 +57,13 @@ class AverageMode(CollectiveMode):
                 average()
 
         return after_call
+
+    def evaluate_now(self, task: Task, model: keras.Model, test: Split) -> dict[str, Any] | None:
+        """The averaged model's accuracy (every process averages, then the
+        chief evaluates): between averages each replica is only its own."""
+        assert self.before_save is not None, "prepare() makes the averager"
+        self.before_save()
+        return super().evaluate_now(task, model, test)
 
     def summary(self) -> dict[str, Any]:
         return {"average_every": self.config.options["average_every"]}

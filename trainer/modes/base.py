@@ -27,11 +27,14 @@ import keras
 import tensorflow as tf
 
 from trainer import catalog, collectives, distribute
+from trainer.data import Split
 from trainer.distribute import ClusterInfo
 from trainer.flags import Config
 from trainer.inputs import stream_key
 from trainer.loop import Monitor, PhaseRun, run_synchronous
 from trainer.models.base import Phase, Task
+from trainer.optimizers import FusedAdam
+from trainer.schedules import LearningRate
 from trainer.steps import CallResult, train_calls
 
 if TYPE_CHECKING:
@@ -106,9 +109,10 @@ class TrainingMode:
         """The model, every variable created (in ``scope``)."""
         return task.build_model()
 
-    def optimizer(self, learning_rate: float) -> keras.optimizers.Optimizer:
-        """A phase's optimizer (before the mixed-precision wrapper)."""
-        return keras.optimizers.Adam(learning_rate)
+    def optimizer(self, learning_rate: LearningRate) -> keras.optimizers.Optimizer:
+        """A phase's optimizer (before the mixed-precision wrapper): Adam,
+        fused (``trainer/optimizers.py`` says what it saves)."""
+        return FusedAdam(learning_rate)
 
     def checkpoint_options(self) -> tf.train.CheckpointOptions | None:
         """How checkpoints are written and read (None: TensorFlow's default,
@@ -157,7 +161,12 @@ class TrainingMode:
             monitor,
             start=start,
             per_call=config.steps_per_call,
-            every=[config.log_every, config.checkpoint_every, *self.extra_marks()],
+            every=[
+                config.log_every,
+                config.checkpoint_every,
+                monitor.eval_every,
+                *self.extra_marks(),
+            ],
             after_call=self.after_call(),
         )
 
@@ -168,6 +177,14 @@ class TrainingMode:
     def after_call(self) -> Callable[[int, bool], None] | None:
         """``fn(step, phase_end)`` after each call of the synchronous loop."""
         return None
+
+    def evaluate_now(self, task: Task, model: keras.Model, test: Split) -> dict[str, Any] | None:
+        """A test-set evaluation during training (``--eval-every``), called
+        on every training process at the same step: the chief's results
+        (None on the others)."""
+        if not self.info.is_chief:
+            return None
+        return task.evaluate(model, test, self.config.seed).results
 
     def after_training(self, model: keras.Model, final_step: int, data_dir: Path) -> Any:
         """After the last step and its checkpoint, on every process: the

@@ -176,6 +176,12 @@ class EnsembleMode(CollectiveMode):
             )
         )
 
+    def evaluate_now(self, task: Task, model: keras.Model, test: Split) -> dict[str, Any] | None:
+        """The ensemble's accuracy: every member's predictions gathered (a
+        collective of every process), as at the end."""
+        results = evaluate(self.strategy, self.info, self.config, model, test)
+        return results if self.info.is_chief else None
+
     def after_training(self, model: keras.Model, final_step: int, data_dir: Path) -> Any:
         """Every member takes part in the gather; the chief writes the scores."""
         test = load_split(data_dir, "test")

@@ -35,6 +35,7 @@ from trainer.loop import Monitor, PhaseRun
 from trainer.models.base import Phase, Task
 from trainer.modes.base import Call, TrainingMode
 from trainer.pipeline import PipelineStep, StageTiming
+from trainer.schedules import LearningRate
 
 if TYPE_CHECKING:
     from trainer.checkpoints import State
@@ -134,7 +135,7 @@ class LayersMode(TrainingMode):
         self.model = placement.build_placed(task, stage_of, self.devices)  # type: ignore[arg-type]
         return self.model
 
-    def optimizer(self, learning_rate: float) -> keras.optimizers.Optimizer:
+    def optimizer(self, learning_rate: LearningRate) -> keras.optimizers.Optimizer:
         return placement.PlacedAdam(learning_rate, name="adam")
 
     def checkpoint_options(self) -> tf.train.CheckpointOptions | None:
