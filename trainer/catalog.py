@@ -48,6 +48,11 @@ class Model:
     module: str
     # Adam step size that converges within a few hundred steps on MNIST.
     learning_rate: float
+    # Its --lr-schedule unless one is given. The classifiers decay (cosine:
+    # the cnn's async 5 epochs, 99.19 % -> 99.38 %); the autoencoders keep a
+    # constant rate: a cosine over sdae's 150-step pretraining phases halved
+    # its PSNR gain in 600 steps (6.1 -> 3.5 dB, tests/trainer).
+    lr_schedule: str = "cosine"
     # A classifier: an ensemble can average its class probabilities.
     classifier: bool = False
     # Its losses cast float16 outputs back to float32 (--mixed-precision).
@@ -150,6 +155,7 @@ _MODELS = (
         "dae",
         module="trainer.models.dae",
         learning_rate=3e-3,
+        lr_schedule="constant",
         final_metric=_PSNR,
         options=_DENOISING,
         check_options=_check_patches,
@@ -159,6 +165,7 @@ _MODELS = (
         "sdae",
         module="trainer.models.sdae",
         learning_rate=3e-3,
+        lr_schedule="constant",
         final_metric=_PSNR,
         options=_STACKED,
         check_options=_check_patches,

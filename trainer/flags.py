@@ -100,9 +100,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lr-schedule",
         choices=LR_SCHEDULES,
-        default="cosine",
-        help="cosine (default): the step size decays from --learning-rate to 0 over the "
-        "run (each phase's steps); constant: --learning-rate throughout",
+        help="cosine: the step size decays from --learning-rate to 0 over the run (each "
+        "phase's steps); constant: --learning-rate throughout (default per model: cosine "
+        "for cnn and convnet, constant for dae and sdae)",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
@@ -228,7 +228,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate or model.learning_rate,
-        lr_schedule=args.lr_schedule,
+        lr_schedule=args.lr_schedule or model.lr_schedule,
         eval_every=args.eval_every,
         seed=args.seed,
         output_dir=_output_dir(args),

@@ -20,9 +20,14 @@ from trainer.progress import Progress
 TIMEOUT = 600
 
 
-def test_the_schedule_is_cosine_unless_asked_constant() -> None:
+def test_the_schedule_is_the_models_unless_asked() -> None:
     assert parse_args([]).lr_schedule == "cosine"
+    assert parse_args(["--model", "convnet"]).lr_schedule == "cosine"
     assert parse_args(["--lr-schedule", "constant"]).lr_schedule == "constant"
+    # The autoencoders' short pretraining phases learn less under a decay.
+    assert parse_args(["--model", "sdae"]).lr_schedule == "constant"
+    assert parse_args(["--model", "dae"]).lr_schedule == "constant"
+    assert parse_args(["--model", "sdae", "--lr-schedule", "cosine"]).lr_schedule == "cosine"
     assert parse_args([]).eval_every is None
     assert parse_args(["--eval-every", "0.5"]).eval_every == 0.5
 
