@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# A session started in the background of a shell without job control (`cmd &`
+# in a script, nohup) inherits SIGINT ignored, and so does every process it
+# starts: the tests of Ctrl-C (a signal sent to a deploy.py, or raised here)
+# would test nothing. They need SIGINT as a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 # Where a job's results come home when no --dest is given: runs/<cluster>/...

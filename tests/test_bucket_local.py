@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,32 @@ def fake() -> Iterator[FakeGcs]:
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "400")
+
+
+DeployPopen = Callable[..., "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def deploy_popen() -> Iterator[DeployPopen]:
+    """``deploy_popen(config, *args)``: deploy.py in the background, its
+    output piped, killed at the test's end if it still runs (a test that
+    fails before its Ctrl-C must not leave a `down` waiting for uploads)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(config: Path, *args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "deploy.py"), "--config", str(config), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, COLUMNS="400"),
+        )  # fmt: skip
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
 def write_config(folder: Path, fake: FakeGcs, **extra: Any) -> Path:
@@ -474,11 +502,9 @@ def test_a_key_file_signs_in_and_is_named_when_it_may_not_write(
 
 
 def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
-    fake: FakeGcs, tmp_path: Path, tfcluster_home: Path
+    fake: FakeGcs, tmp_path: Path, tfcluster_home: Path, deploy_popen: DeployPopen
 ) -> None:
     import signal
-    import subprocess
-    import sys
     import time
 
     fake.create_bucket("tfc-runs")
@@ -498,11 +524,7 @@ def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
     ):
         time.sleep(0.2)
     fake.fail(503, times=100_000)  # the bucket is down from now on
-    down = subprocess.Popen(
-        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "down", "--yes"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, COLUMNS="400"),
-    )  # fmt: skip
+    down = deploy_popen(config, "down", "--yes")
     assert down.stdout is not None
     seen = ""
     deadline = time.monotonic() + 120
@@ -520,7 +542,7 @@ def test_ctrl_c_skips_the_wait_and_says_what_is_not_in_the_bucket(
 
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
-    fake: FakeGcs, tmp_path: Path, command: str
+    fake: FakeGcs, tmp_path: Path, command: str, deploy_popen: DeployPopen
 ) -> None:
     """A job whose upload takes a while (a slow bucket: here the run's
     record at the end, 20 s): its end says that it waits, instead
@@ -528,8 +550,6 @@ def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
     skips the wait, the job's own exit code and results kept (it exited
     130, "interrupted", the results line never said), the upload going on."""
     import signal
-    import subprocess
-    import sys
     import time
 
     fake.create_bucket("tfc-runs")
@@ -543,11 +563,7 @@ def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
         if command == "run"
         else ["sweep", "--param", "x=1", "--", "python", "-c", "print({x})"]
     )
-    job = subprocess.Popen(
-        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, COLUMNS="400"),
-    )  # fmt: skip
+    job = deploy_popen(config, *args)
     assert job.stdout is not None
     seen = ""
     deadline = time.monotonic() + 120
@@ -570,15 +586,17 @@ def test_the_end_says_it_waits_for_the_upload_and_ctrl_c_keeps_the_outcome(
 
 
 def test_a_resume_while_the_last_upload_goes_on_is_uploaded_too(
-    fake: FakeGcs, tmp_path: Path, mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeGcs,
+    tmp_path: Path,
+    mnist_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    deploy_popen: DeployPopen,
 ) -> None:
     """`train --resume` continues the same run id, whose uploader (same
     name) may still be busy: a slow bucket, its wait skipped with Ctrl-C
     as the job's end offers. The resumed job's uploader could not start
     ("already running"): its training never reached the bucket."""
     import signal
-    import subprocess
-    import sys
     import time
 
     monkeypatch.setenv("MNIST_DIR", str(mnist_dir))
@@ -587,12 +605,7 @@ def test_a_resume_while_the_last_upload_goes_on_is_uploaded_too(
     # The run's record at its end is late: its uploader is busy a minute
     # after the job, past the next one's launch.
     fake.slow(60, suffix="/tfcluster-run.json", after=1)
-    train = subprocess.Popen(
-        [sys.executable, str(REPO / "deploy.py"), "--config", str(config), "train", "--steps",
-         "10"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, COLUMNS="400"),
-    )  # fmt: skip
+    train = deploy_popen(config, "train", "--steps", "10")
     assert train.stdout is not None
     seen = ""
     deadline = time.monotonic() + 300
