@@ -23,7 +23,6 @@ Usage: ``python bench/accuracy.py [--modes single,async2] [--epochs 5]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.support.loopback import LocalJob, read_summary  # noqa: E402
+from bench.support.output import emit  # noqa: E402
 from bench.trainer import placement  # noqa: E402
 
 # Name -> (trainer mode, workers, ps).
@@ -186,12 +186,7 @@ def main() -> int:
         "targets": list(TARGETS),
         "results": results,
     }
-    if not args.json_only:
-        print(table(results))
-    text = json.dumps(report, indent=None if args.json_only else 2)
-    print(text)
-    if args.json_out is not None:
-        args.json_out.write_text(text + "\n")
+    emit(report, table(results), json_only=args.json_only, json_out=args.json_out)
     return 0
 
 

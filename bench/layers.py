@@ -25,7 +25,6 @@ Usage: ``python bench/layers.py [--steps N] [--batch-size N] [--micro-batches M]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.support.loopback import LocalJob, read_summary  # noqa: E402
+from bench.support.output import emit  # noqa: E402
 
 
 def run(
@@ -138,7 +138,8 @@ def main() -> None:
     rows = measure(args, data_dir)
     if not args.json_only:
         print_table(rows, args)
-    print(json.dumps(rows, indent=None if not args.json_only else 2))
+    # One line with --json-only (was indented then, and one line without it).
+    emit(rows, None, json_only=args.json_only)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.peer_programs.common import RESULT  # noqa: E402
 from bench.support.loopback import LocalJob  # noqa: E402
+from bench.support.output import emit  # noqa: E402
 from bench.trainer import placement, run_keras, run_trainer  # noqa: E402
 
 PROGRAMS = REPO / "bench" / "peer_programs"
@@ -294,12 +295,7 @@ def main() -> int:
             print(line, flush=True)
 
     report = make_report(measure(pairings, settings, args.rounds, say), settings, args.rounds)
-    if not args.json_only:
-        print(table(report))
-    text = json.dumps(report, indent=None if args.json_only else 2)
-    print(text)
-    if args.json_out is not None:
-        args.json_out.write_text(text + "\n")
+    emit(report, table(report), json_only=args.json_only, json_out=args.json_out)
     return 0
 
 

@@ -51,6 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.peer_programs.common import cnn  # noqa: E402
 from bench.support.loopback import LocalJob, read_summary, task_env  # noqa: E402
 
 WARMUP_STEPS = 25
@@ -68,20 +69,7 @@ def keras_fit(steps: int, batch_size: int, data_dir: str, warmup: int = WARMUP_S
     train = load_split(resolve_data_dir(data_dir), "train")
     x = train.images[..., None].astype(np.float32) / 255.0
     y = train.labels.astype(np.int32)
-    layers = keras.layers
-    model = keras.Sequential(
-        [
-            keras.Input((28, 28, 1)),
-            layers.Conv2D(32, 5, padding="same", activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Conv2D(64, 5, padding="same", activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Flatten(),
-            layers.Dense(1024, activation="relu"),
-            layers.Dropout(0.5),
-            layers.Dense(10),
-        ]
-    )
+    model = cnn(keras)
     model.compile(
         keras.optimizers.Adam(1e-3),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),

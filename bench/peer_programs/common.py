@@ -47,6 +47,21 @@ def to_inputs(image: Any, label: Any) -> tuple[Any, Any]:
     return tf.cast(image, tf.float32)[..., None] / 255.0, label
 
 
+def ps_dataset_fn(images: Any, labels: Any, batch_size: int) -> Any:
+    """The parameter-server guide's ``dataset_fn``: each input pipeline's
+    shard of the examples, shuffled, repeated, batched per replica."""
+    import tensorflow as tf
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_replica = input_context.get_per_replica_batch_size(batch_size)
+        data = tf.data.Dataset.from_tensor_slices((images, labels))
+        data = data.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        data = data.shuffle(len(labels)).repeat().map(to_inputs)
+        return data.batch(per_replica).prefetch(2)
+
+    return dataset_fn
+
+
 def cnn(keras: Any) -> Any:
     layers = keras.layers
     return keras.Sequential(

@@ -27,12 +27,7 @@ def main() -> None:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     images, labels = common.mnist(args.data_dir)
 
-    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(args.batch_size)
-        data = tf.data.Dataset.from_tensor_slices((images, labels))
-        data = data.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        data = data.shuffle(len(labels)).repeat().map(common.to_inputs)
-        return data.batch(batch_size).prefetch(2)
+    dataset_fn = common.ps_dataset_fn(images, labels, args.batch_size)
 
     with strategy.scope():
         model = common.cnn(keras)
