@@ -39,6 +39,7 @@ from tfcluster_cli.options import (
 )
 from tfcluster_cli.program import check_arguments, interrupted_by, version
 from tfcluster_cli.progress_view import ExecView, Null, TrainView, log_printer
+from tfcluster_cli.provider_words import down_words
 from tfcluster_cli.reports import print_report
 from tfcluster_cli.sweeps import run_with_table, train_sweep
 from trainer import catalog
@@ -163,7 +164,8 @@ def down(cluster: Cluster, yes: bool, dry_run: bool) -> None:
     provider = cluster.provider
     if not render.print_down_plan(cluster, plan) or dry_run:
         return
-    if not yes and not click.confirm(provider.down_question, default=False):
+    question = down_words(provider.capabilities()).question
+    if not yes and not click.confirm(question, default=False):
         console.print("cancelled: nothing changed", markup=False)
         raise click.exceptions.Exit(EXIT_CANCELLED)
     cluster.down(plan, on_wait=render.print_upload_wait)

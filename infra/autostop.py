@@ -7,7 +7,7 @@ cluster) every node runs a small watcher (the bash loop of
 job (train, run, exec) has run on it for that long. On GCE a guest shutdown
 leaves the instance TERMINATED: disks kept, no compute billed, and the node
 needs no cloud credentials to do it. Whether a provider's nodes can stop
-themselves is the provider's to say (``NodeProvider.self_stop``): existing
+themselves is the provider's to say (``Capabilities.cannot_self_stop``): existing
 machines (ssh) are not ours to power off, local processes cost nothing.
 
 Idle is decided on the node with the very liveness test the orchestrator

@@ -39,7 +39,7 @@ from infra.lifecycle import (
     plan_up,
     require_running,
 )
-from infra.providers.base import Node, NodeState
+from infra.providers.base import Node, NodeState, Pricing
 
 if TYPE_CHECKING:
     from infra.setup_report import SetupReport
@@ -107,6 +107,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         else:
             gpus = {n.name: facts.GpuReport((), GPUS_UNCHECKED) for n in asked}
         names = list(self.config.nodes) + sorted(set(by_name) - set(self.config.nodes))
+        pricing = self.provider if isinstance(self.provider, Pricing) else None
         views = []
         for name in names:
             node = by_name.get(name)
@@ -123,13 +124,13 @@ class Cluster(ClusterRuns, ClusterAccess):
                     accelerators=node.accelerators if node else None,
                     preemptible=node.preemptible if node else False,
                     declared=name in self.config.nodes,
-                    hourly_usd=self.provider.hourly_cost([node]) if node else None,
+                    hourly_usd=pricing.hourly_cost([node]) if node and pricing else None,
                     gpus=gpus.get(name),
                     service_account=node.service_account if node else None,
                     scopes=list(node.scopes) if node else None,
                 )
             )
-        return views, self.provider.hourly_cost(nodes)
+        return views, pricing.hourly_cost(nodes) if pricing else None
 
     def gpus(self, nodes: Sequence[Node]) -> dict[str, facts.GpuReport]:
         """What nvidia-smi says on each of these running nodes, all at once.
@@ -197,12 +198,13 @@ class Cluster(ClusterRuns, ClusterAccess):
         # Before anything is created: a bucket the nodes cannot write is
         # found now, not at the end of the first job.
         self.check_bucket()
-        nodes = apply_up(self.provider, plan, timeout=self.provider.operation_timeout())
+        capabilities = self.provider.capabilities()
+        nodes = apply_up(self.provider, plan, timeout=capabilities.operation_timeout)
         # The cached addresses, as the nodes run now: those up waited for and
         # the others (undeclared: up leaves them alone) as the plan listed them.
         self.remember_nodes([*nodes, *(n for n in plan.nodes if n.name not in self.config.nodes)])
         report: SetupReport | None = None
-        if setup and self.provider.needs_setup:
+        if setup and capabilities.needs_setup:
             report = self.setup(nodes, on_event=on_setup_event)
         # Not given anywhere: keep what the nodes hold (`deploy.py autostop`).
         self.ensure_autostop(nodes, False if after is None else None if after == "off" else after)
@@ -215,7 +217,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         them, or with False keep the setting they hold; either way their
         watchers run again (a container has no init to restart them). Only
         where autostop was ever used: otherwise no extra round trip."""
-        if self.provider.self_stop() is not None:
+        if self.provider.capabilities().cannot_self_stop is not None:
             return
         if after is False and not self.state.get("autostop_used"):
             return
@@ -234,7 +236,8 @@ class Cluster(ClusterRuns, ClusterAccess):
         """A ConfigError unless the provider's nodes can stop themselves,
         when autostop is to be set (``after`` seconds; "off" or None is
         never refused)."""
-        if isinstance(after, int) and (why := self.provider.self_stop()) is not None:
+        why = self.provider.capabilities().cannot_self_stop
+        if isinstance(after, int) and why is not None:
             raise ConfigError(f"autostop: {why}")
 
     def preemptible(self) -> bool:
@@ -261,7 +264,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         """The autostop setting and how long the cluster has been idle, as
         its running nodes say; None where autostop does not apply or was
         never used."""
-        if self.provider.self_stop() is not None:
+        if self.provider.capabilities().cannot_self_stop is not None:
             return None
         if not self.state.get("autostop_used") and self.config.autostop is None:
             return None
@@ -336,7 +339,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         external IP is ephemeral: after a stop or delete it goes back to
         the pool and may come back on another VM, whose new host key must
         not be refused as "changed". Fixed addresses (provider ssh) stay."""
-        if not self.provider.ephemeral_addresses:
+        if not self.provider.capabilities().ephemeral_addresses:
             return
         from infra.hostkeys import forget_host
 

@@ -21,7 +21,7 @@ from infra.config import ClusterConfig
 from infra.errors import ConfigError
 from infra.job_spec import JobRecord
 from infra.lock import ClusterLock
-from infra.providers.base import Node, NodeProvider, get_provider
+from infra.providers.base import Node, NodeProvider, get_provider, remote_root
 from infra.state import ClusterState
 from infra.transport import Transport
 
@@ -117,7 +117,7 @@ class ClusterBase:
         (provider ssh: ``tfcluster/mnist`` is ``tfcluster/<name>-<id>/mnist``,
         where setup.sync puts it); any other is as given."""
         base = self.config.setup.remote_dir.rstrip("/") or "."
-        root = self.provider.remote_root()
+        root = remote_root(self.provider)
         if path is None or root == base or not (path + "/").startswith(base + "/"):
             return path
         return root + path[len(base) :]
@@ -139,7 +139,9 @@ class ClusterBase:
         themselves or autostop was never used on this cluster. It waits for
         no node (a fetch from a node that is gone must fail at once, not
         after a boot timeout): callers wait for SSH first where they must."""
-        if self.provider.self_stop() is not None or not self.state.get("autostop_used"):
+        if self.provider.capabilities().cannot_self_stop is not None or not self.state.get(
+            "autostop_used"
+        ):
             return contextlib.nullcontext()
         from infra import autostop
 

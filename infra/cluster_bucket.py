@@ -97,7 +97,7 @@ class ClusterBucket(ClusterBase):
         (of ``storage``, default the cluster's), a key file copied to the
         node (mode 0600, never synced) where the node is a machine of its own."""
         storage = storage or self._need_storage()
-        if self.provider.nodes_have_identity:
+        if self.provider.capabilities().nodes_have_identity:
             return "adc"
         spec = storage.credentials
         if spec in ("adc", "anonymous"):

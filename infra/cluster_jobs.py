@@ -189,7 +189,8 @@ class ClusterJobs(ClusterBucket):
         """The job's tasks on ``names`` (its nodes), each at its node's
         internal address: the tasks reach each other on the cluster's
         private network, never through the external IPs."""
-        addresses = {n: self.provider.internal_ip(n) or "" for n in names}
+        listed = {node.name: node.internal_ip for node in self.provider.non_terminated_nodes()}
+        addresses = {n: listed.get(n) or "" for n in names}
         # Not a problem of cluster.yaml: the provider reports no address (a
         # VM still getting one). An empty one would reach TF_CONFIG as ":2222".
         if missing := [n for n in names if not addresses[n]]:
@@ -219,7 +220,7 @@ class ClusterJobs(ClusterBucket):
         brought up on the spot: it costs nothing)."""
         existing = self.nodes()
         missing = [n for n in names if n not in {x.name for x in existing}]
-        if missing and self.provider.up_on_demand:
+        if missing and self.provider.capabilities().up_on_demand:
             self.provider.create_nodes(missing)
             existing = self.nodes()
         require_running(self.provider, existing, names)

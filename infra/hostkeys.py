@@ -4,7 +4,7 @@ Host keys are pinned per cluster in ``ClusterState.known_hosts`` (OpenSSH
 format): an unknown host is recorded on first contact (``PinningPolicy``),
 a known host that presents another key is refused with ``HostKeyChanged``.
 Where the provider knows a node's keys without asking the node (GCE: guest
-attributes over the Compute API, ``NodeProvider.host_keys``), they are
+attributes over the Compute API, ``GceProvider.host_keys``), they are
 pinned before the first connection (``pin_published``), under the
 machine's alias (``compute.<id>``) rather than its address, as gcloud does:
 no first use to trust, and the pin survives stop/start and a new IP.

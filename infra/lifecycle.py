@@ -42,7 +42,7 @@ class UpPlan:
 
     def lines(self, new_node: str | None = None) -> list[str]:
         """One line per node and shared resource; ``new_node``: what a
-        created node is (the provider's ``planned_node``)."""
+        created node is (``Pricing.planned_node``)."""
         what = f" ({new_node})" if new_node else ""
         out = [f"create  {name}{what}" for name in self.create]
         out += [f"start   {name}" for name in self.start]
@@ -63,8 +63,9 @@ class DownPlan:
     shared: list[str] = field(default_factory=list)
 
     def lines(self, verb: str = "delete") -> list[str]:
-        """``verb``: what ``down`` does to a node (the provider's
-        ``down_verb``); shared resources are always deleted."""
+        """``verb``: what ``down`` does to a node, as the CLI words it
+        (delete, or release for existing hosts); shared resources are
+        always deleted."""
         out = [f"{verb:<7} {name}" for name in self.delete]
         out += [f"delete  {what}" for what in self.shared]
         return out
@@ -83,8 +84,8 @@ def plan_up(provider: NodeProvider, existing: Sequence[Node]) -> UpPlan:
             start.append(name)
         elif node.state is NodeState.PENDING:
             wait.append(name)
-            if (reason := provider.pending_reason(node)) is not None:
-                why[name] = reason
+            if provider.capabilities().existing_hosts:
+                why[name] = node.status  # the host's probe: REFUSED, TIMEOUT, ...
         else:
             reuse.append(name)
     return UpPlan(
@@ -155,8 +156,8 @@ def wait_running(provider: NodeProvider, names: Sequence[str], *, timeout: float
 
 def apply_stop(provider: NodeProvider, existing: Sequence[Node]) -> list[str]:
     """Stop the running nodes; returns their names (empty: nothing to do)."""
-    if not provider.can_stop():
-        raise StateError(provider.cannot_stop())
+    if (why := provider.capabilities().cannot_stop) is not None:
+        raise StateError(why)
     names = [n.name for n in existing if n.state in (NodeState.RUNNING, NodeState.PENDING)]
     if names:
         provider.stop_nodes(names)
@@ -166,7 +167,7 @@ def apply_stop(provider: NodeProvider, existing: Sequence[Node]) -> list[str]:
 def apply_start(provider: NodeProvider, existing: Sequence[Node]) -> list[Node]:
     """Start the stopped nodes; return every declared node, running, with
     its (new) addresses."""
-    if not provider.can_stop():
+    if provider.capabilities().cannot_stop is not None:
         raise StateError(f"provider {provider.kind} has no stopped nodes to start")
     by_name = {n.name: n for n in existing}
     missing = [name for name in provider.config.nodes if name not in by_name]
@@ -190,12 +191,27 @@ def apply_down(provider: NodeProvider, plan: DownPlan) -> None:
 def require_running(provider: NodeProvider, existing: Sequence[Node], names: Sequence[str]) -> None:
     """A one-line StateError unless every named node is running."""
     by_name = {n.name: n for n in existing}
+    hosts = provider.capabilities().existing_hosts
     problems = []
     for name in names:
         node = by_name.get(name)
         if node is None:
             problems.append(f"{name} does not exist")
         elif node.state is not NodeState.RUNNING:
-            problems.append(provider.not_running(node))
+            problems.append(_not_running(node, hosts))
     if problems:
-        raise StateError(f"{'; '.join(problems)}: {provider.not_running_hint}")
+        # An existing host that does not answer is the user's to start (or
+        # to fix the address of); a node of ours, `up`'s.
+        hint = (
+            "start that machine (or fix hosts.<node> in cluster.yaml), then run `deploy.py up`"
+            if hosts
+            else "run `deploy.py up` first"
+        )
+        raise StateError(f"{'; '.join(problems)}: {hint}")
+
+
+def _not_running(node: Node, existing_host: bool) -> str:
+    """One clause on a node a command needs that is not running."""
+    if existing_host and node.state is NodeState.PENDING:
+        return f"{node.name} does not answer on its SSH port ({node.status.lower()})"
+    return f"{node.name} is {node.state.value}"

@@ -92,8 +92,8 @@ MUTANTS: list[Mutant] = [
       "Port = Annotated[int, Field(ge=1, le=65535)]", *T_CONFIG),
     # -- TF_CONFIG --------------------------------------------------------------------------
     m("tfconfig: tasks get the nodes' external addresses", "infra/cluster_jobs.py",
-      "addresses = {n: self.provider.internal_ip(n) or \"\" for n in names}",
-      "addresses = {n: self.provider.external_ip(n) or \"\" for n in names}",
+      "listed = {node.name: node.internal_ip for node in self.provider.non_terminated_nodes()}",
+      "listed = {node.name: node.external_ip for node in self.provider.non_terminated_nodes()}",
       "tests/test_job_addresses.py"),
     m("tfconfig: chief started first", "infra/tfconfig.py",
       'for task_type in ("ps", "worker", "chief"):',

@@ -18,7 +18,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from infra import pricing
 from infra.config import ClusterConfig
 from infra.errors import (
     CapacityError,
@@ -30,6 +29,7 @@ from infra.errors import (
 )
 from infra.providers.base import HostKeys, Node, NodeState
 from infra.providers.gce import CLUSTER_LABEL, GceProvider, RetryPolicy
+from infra.providers.gce import price_table as pricing
 from infra.state import ClusterState
 from tests.fake_gce import Call, FakeGce
 from tests.fake_gce import catalog as fake_catalog
@@ -826,7 +826,7 @@ def test_unknown_machine_type_has_no_cost_and_says_why(
     fake_gce: FakeGce, make_provider: MakeProvider, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A machine type GCE offers but infra/pricing.py does not know.
+    # A machine type GCE offers but price_table.py does not know.
     monkeypatch.setitem(
         fake_catalog.MACHINE_TYPES, "us-central1-a",
         (*fake_catalog.MACHINE_TYPES["us-central1-a"], "z9-mega-7"),

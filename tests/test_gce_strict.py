@@ -114,7 +114,7 @@ def test_a_g2_node_fails_over_from_a_zone_without_g2(
     assert metadata["install-nvidia-driver"] == "True"
     assert inst["disks"][0]["diskSizeGb"] == "50"
     # The cost counts the 50 GB disk, also from a provider that did not create it.
-    from infra import pricing
+    from infra.providers.gce import price_table as pricing
 
     again = make_provider(gce={
         "zones": ["us-central1-f", "us-central1-a"], "machine_type": "g2-standard-4",

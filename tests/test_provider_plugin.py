@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import paramiko
@@ -32,7 +33,7 @@ from deploy import cli
 from infra import providers
 from infra.config import ClusterConfig
 from infra.keys import ensure_key_pair
-from infra.providers.base import Node, NodeProvider, NodeState
+from infra.providers.base import Capabilities, Node, NodeProvider, NodeState, login_key
 from infra.providers.local import LocalTransport
 from infra.transport import Transport
 from tests.hostile_node import FakeNode
@@ -53,10 +54,11 @@ class ToyProvider(NodeProvider):
 
     kind = "toy"
     config_section = ToyConfig
-    needs_setup = False
-    down_verb = "scrap"
-    down_question = "scrap these toys?"
-    down_done = "scrapped {name}"
+
+    def capabilities(self) -> Capabilities:
+        # Records in a file: nothing to install, and they cannot stop
+        # themselves (autostop is refused with the default's words).
+        return replace(super().capabilities(), needs_setup=False)
 
     @classmethod
     def config_problem(cls, config: ClusterConfig) -> tuple[tuple[str, ...], str] | None:
@@ -90,7 +92,7 @@ class ToyProvider(NodeProvider):
         self._save(toys)
 
     def non_terminated_nodes(self) -> list[Node]:
-        section = self.section()
+        section = self.section
         assert isinstance(section, ToyConfig)
         return [
             Node(
@@ -169,8 +171,37 @@ def test_a_registered_provider_runs_the_whole_lifecycle(toy_config: Path) -> Non
     assert states(toy_config) == [("t-1", "running"), ("t-2", "running")]
 
     code, out = run(toy_config, "down", "--yes")
-    assert code == 0 and "scrap   t-1" in out and "scrapped toys" in out, out
+    # Nodes it made: `down` deletes them, in the CLI's words for that.
+    assert code == 0 and "delete  t-1" in out and "deleted toys: nothing left" in out, out
     assert states(toy_config) == [("t-1", "absent"), ("t-2", "absent")]
+
+
+class LoanedToyProvider(ToyProvider):
+    """Toys on loan: the user's own machines, which tfcluster only reaches.
+    Only its ``Capabilities`` differ; the commands follow them."""
+
+    def capabilities(self) -> Capabilities:
+        return replace(
+            super().capabilities(),
+            cannot_stop="loaned toys are not ours to stop",
+            existing_hosts=True,
+        )
+
+
+def test_the_commands_follow_what_the_provider_says_its_nodes_can_do(toy_config: Path) -> None:
+    providers.register_provider("toy", LoanedToyProvider)
+    code, out = run(toy_config, "up")
+    assert code == 0 and "toys is up" in out, out
+    # No Pricing: no cost column, no estimate.
+    code, out = run(toy_config, "status")
+    assert code == 0 and "$/hour" not in out and "estimated cost" not in out, out
+    code, out = run(toy_config, "stop")
+    assert code != 0 and "loaned toys are not ours to stop" in out, out
+    code, out = run(toy_config, "autostop", "30m")
+    assert code == 2 and "autostop: provider toy cannot stop its nodes from inside" in out, out
+    # Existing hosts: `down` releases them, in the CLI's words for that.
+    code, out = run(toy_config, "down", "--yes")
+    assert code == 0 and "release t-1" in out and "released toys:" in out, out
 
 
 def test_the_provider_words_its_own_config_problems(toy_config: Path) -> None:
@@ -243,7 +274,9 @@ def test_validating_a_gce_config_loads_no_google_code() -> None:
 
 class ToySshProvider(ToyProvider):
     """The toys, reached as the recipe says: over SSH, at cluster.yaml's
-    ``hosts`` addresses, logging in with ``login_key`` (``ssh.key_file``)."""
+    ``hosts`` addresses, logging in with ``login_key`` (``ssh.key_file``).
+    They are toys tfcluster made (``existing_hosts`` stays False): `down`
+    deletes them, and their folder is ``setup.remote_dir`` itself."""
 
     kind = "toyssh"
 
@@ -263,7 +296,7 @@ class ToySshProvider(ToyProvider):
     def transport(self, nodes: Sequence[Node]) -> Transport:
         from infra.remote import SshTarget, SshTransport
 
-        key_file, _ = self.login_key()
+        key_file, _ = login_key(self.config, self.state)
         return SshTransport(
             [SshTarget(n.name, n.ssh_host or "", n.ssh_port) for n in nodes],
             config=self.config, state=self.state, key_file=key_file,

@@ -68,7 +68,7 @@ def test_nodes_are_the_hosts_probed(tmp_path: Path) -> None:
 def test_nothing_to_stop_and_a_down_host_is_an_error(tmp_path: Path) -> None:
     down = _free_port()
     provider = _provider(tmp_path, {"pc-1": f"127.0.0.1:{down}", "pc-2": f"127.0.0.1:{down}"})
-    assert not provider.can_stop()
+    assert provider.capabilities().cannot_stop is not None
     with pytest.raises(StateError, match="not ours to stop"):
         provider.stop_nodes(["pc-1"])
     with pytest.raises(ProviderError, match=r"pc-1 at 127\.0\.0\.1:\d+: connection refused"):

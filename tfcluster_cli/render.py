@@ -21,8 +21,10 @@ from infra.facts import GpuReport
 from infra.jobrun import JobResult
 from infra.lifecycle import DownPlan, UpPlan
 from infra.progress import summary_text
+from infra.providers.base import Pricing
 from infra.text import node_text
 from tfcluster_cli import consoles
+from tfcluster_cli.provider_words import down_words
 
 if TYPE_CHECKING:
     from infra.job_spec import JobRecord
@@ -44,9 +46,10 @@ def print_up_plan(cluster: Cluster, plan: UpPlan, skip_setup: bool) -> None:
             markup=False,
             soft_wrap=True,
         )
-    for line in plan.lines(provider.planned_node()):
+    pricing = provider if isinstance(provider, Pricing) else None
+    for line in plan.lines(pricing.planned_node() if pricing else None):
         consoles.console.print(f"  {node_text(line)}", markup=False, soft_wrap=True)
-    if (who := provider.planned_identity()) is not None:
+    if pricing and (who := pricing.planned_identity()) is not None:
         consoles.console.print(f"  identity {node_text(who)}", markup=False, soft_wrap=True)
     if config.storage is not None:
         consoles.console.print(
@@ -54,15 +57,14 @@ def print_up_plan(cluster: Cluster, plan: UpPlan, skip_setup: bool) -> None:
             markup=False,
             soft_wrap=True,
         )
-    if not skip_setup and provider.needs_setup:
+    if not skip_setup and provider.capabilities().needs_setup:
         consoles.console.print("  setup   install + sync on every node")
     running = len(plan.create) + len(plan.start) + len(plan.wait) + len(plan.reuse)
-    cost = provider.planned_cost(running) if running else None
-    if cost is not None:
-        source = provider.price_source()
+    cost = pricing.planned_cost(running) if pricing and running else None
+    if pricing and cost is not None:
         consoles.console.print(
             f"estimated cost once up: ${cost:.3f}/hour for {running} node(s) while running"
-            + (f" ({source})" if source else ""),
+            f" ({pricing.price_source()})",
             markup=False,
             soft_wrap=True,
         )
@@ -105,7 +107,7 @@ def print_up_outcome(
 
 def print_down_plan(cluster: Cluster, plan: DownPlan) -> bool:
     """``down``'s plan in the provider's words; False: nothing to take down."""
-    verb = cluster.provider.down_verb
+    verb = down_words(cluster.provider.capabilities()).verb
     if not plan.delete and not plan.shared:
         consoles.console.print(f"nothing to {verb}", markup=False)
         return False
@@ -117,7 +119,7 @@ def print_down_plan(cluster: Cluster, plan: DownPlan) -> bool:
 
 def print_down_done(cluster: Cluster) -> None:
     consoles.console.print(
-        cluster.provider.down_done.format(name=cluster.config.name),
+        down_words(cluster.provider.capabilities()).done.format(name=cluster.config.name),
         style="green",
         markup=False,
         soft_wrap=True,
@@ -204,10 +206,9 @@ def print_status(
             cells.append(cell(gpus_text(v.gpus)))
         table.add_row(*cells)
     consoles.console.print(table)
-    if cost is not None:
-        source = cluster.provider.price_source()
+    if cost is not None and isinstance(cluster.provider, Pricing):
         consoles.console.print(
-            f"estimated cost now: ${cost:.3f}/hour" + (f" ({source})" if source else ""),
+            f"estimated cost now: ${cost:.3f}/hour ({cluster.provider.price_source()})",
             markup=False,
             soft_wrap=True,
         )

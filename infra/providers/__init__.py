@@ -5,7 +5,8 @@ its cluster.yaml section as ``config_section``) plus one line in
 ``PROVIDERS`` below, or a ``register_provider`` call. The registry holds "module:Class" text and
 imports a provider only when a cluster names it, so the local cluster never
 pays for loading the Compute client. What differs between providers is asked
-of the provider (``NodeProvider``'s attributes and hooks), never of its name.
+of the provider (``NodeProvider``'s hooks, its ``Capabilities``, and whether
+it implements ``Pricing``), never of its name.
 
 This package's own module is the registry and what cluster.yaml asks a
 provider before any node exists (``ConfigHooks``): it imports nothing of

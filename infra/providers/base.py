@@ -3,7 +3,9 @@
 A provider answers "which of this cluster's nodes exist, in what state, at
 which addresses" and changes that (create, start, stop, terminate). It does
 not know about TensorFlow or SSH commands: the lifecycle module plans with
-it, and a ``Transport`` (``transport()``) runs commands on the nodes.
+it, and a ``Transport`` (``transport()``) runs commands on the nodes. What
+the nodes can do is data (``Capabilities``); cost is an optional protocol
+(``Pricing``), which only a provider with a price table (gce) implements.
 
 Node states, as every provider reports them (``NodeState``):
 
@@ -26,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -89,14 +91,54 @@ class HostKeys:
     keys: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a provider's nodes can and cannot do: the facts the commands ask
+    (``NodeProvider.capabilities``) instead of the provider's name. A why-not
+    is one line, for the library error that refuses; the CLI words the rest."""
+
+    #: Why ``stop`` (and ``start``) refuse; None: the nodes stop with their disks kept.
+    cannot_stop: str | None = None
+    #: Why a node may not power itself off (autostop, infra/autostop.py);
+    #: None: it may, and a stopped node costs less.
+    cannot_self_stop: str | None = "the nodes cannot stop themselves"
+    #: Whether ``up`` installs TensorFlow and syncs the code on the nodes
+    #: (not on local processes, which run this machine's files).
+    needs_setup: bool = True
+    #: Whether a job may bring its missing nodes up on the spot, without
+    #: `up` (local processes: they cost nothing and need no setup).
+    up_on_demand: bool = False
+    #: Whether a node's address is the cloud's to hand to another machine
+    #: once the node stops or goes (a GCE external IP): its pinned host key
+    #: is then forgotten, so the next VM at that address is not refused as
+    #: "changed". Fixed addresses (existing hosts, localhost) keep their pins.
+    ephemeral_addresses: bool = False
+    #: Whether the nodes have a cloud identity of their own (``bucket_identity``
+    #: answers one): their uploader then authenticates as the node (GCE's
+    #: metadata server), with no key file sent to them.
+    nodes_have_identity: bool = False
+    #: Whether the machines are the user's, which tfcluster reaches but never
+    #: made (existing hosts): ``down`` then stops tfcluster's tasks on them
+    #: and deletes nothing, a pending node is one that does not answer on its
+    #: SSH port (its ``Node.status`` says why), and several clusters may share
+    #: a login there, so each keeps its files in a folder of its own
+    #: (``remote_root``).
+    existing_hosts: bool = False
+    #: How long `up` waits for the nodes to run (gce: gce.operation_timeout).
+    operation_timeout: float = 600.0
+
+
 class NodeProvider(ConfigHooks, ABC):
-    """Creates, lists, starts, stops and terminates the nodes of one cluster.
+    """Creates, lists, starts, stops and terminates the nodes of one cluster,
+    and says how commands reach them.
 
     Every method that changes state is idempotent for nodes already in the
     target state, and works on several nodes in parallel: four nodes must
     take about as long as one. What cluster.yaml asks of a provider before
     any node exists (its section, its refusals) is ``ConfigHooks``, in the
-    registry (``infra/providers/__init__.py``), which the config reads.
+    registry (``infra/providers/__init__.py``), which the config reads. What
+    the nodes can do is data (``capabilities``); what they cost is the
+    optional ``Pricing`` protocol (gce's).
     """
 
     #: Its name in cluster.yaml's ``provider`` (the registry's key).
@@ -105,47 +147,30 @@ class NodeProvider(ConfigHooks, ABC):
     def __init__(self, config: ClusterConfig, state: ClusterState) -> None:
         self.config = config
         self.state = state
+        #: This cluster's ``config_section``, as cluster.yaml gives it (the
+        #: section's defaults when the file leaves it out); None: no section.
+        self.section: BaseModel | None = None
+        if self.config_section is not None:
+            given = getattr(config, config.provider, None)
+            self.section = given if given is not None else self.config_section()
 
-    # -- what exists -----------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """What these nodes can do; by default: not stop themselves."""
+        return Capabilities(
+            cannot_self_stop=f"provider {self.kind} cannot stop its nodes from inside"
+        )
+
+    # -- the nodes' life ---------------------------------------------------------
 
     @abstractmethod
     def non_terminated_nodes(self) -> list[Node]:
         """Every existing node of this cluster (any state but terminated)."""
-
-    def node(self, name: str) -> Node | None:
-        return next((n for n in self.non_terminated_nodes() if n.name == name), None)
-
-    def internal_ip(self, name: str) -> str | None:
-        node = self.node(name)
-        return node.internal_ip if node else None
-
-    def external_ip(self, name: str) -> str | None:
-        node = self.node(name)
-        return node.external_ip if node else None
-
-    # -- changes ---------------------------------------------------------------
 
     def check_config(self) -> None:
         """Refuse (ConfigError) what the provider's cloud would refuse at
         create time; `up` calls it before planning, so a dry run shows it.
         Raised inside ``infra.config.in_file(self.config)``, the line names
         cluster.yaml first, as the file's other problems do (gce's does)."""
-
-    def login_key(self) -> tuple[Path, str]:
-        """The private key this cluster logs in to its nodes with and its
-        public line: ``ssh.key_file`` when cluster.yaml sets it, else the
-        per-cluster key in the state folder (made on first use). What a
-        provider with an SSH transport authorizes on its nodes and hands to
-        ``SshTransport``."""
-        return cluster_key(
-            self.config.ssh.key_file, self.state.key_file, f"tfcluster-{self.config.name}"
-        )
-
-    def remote_root(self) -> str:
-        """The cluster's folder on its nodes (a layout path): ``setup.remote_dir``,
-        where a node is the cluster's alone; provider ssh: a folder of the
-        cluster's own in it."""
-        return self.config.setup.remote_dir.rstrip("/") or "."
 
     def check_owner(self) -> None:
         """Refuse (StateError) where the cloud holds nodes or shared
@@ -183,17 +208,12 @@ class NodeProvider(ConfigHooks, ABC):
     def release(self) -> None:
         """Delete what ``prepare`` created; already gone is not an error."""
 
-    # -- reaching the nodes --------------------------------------------------------
+    # -- reaching the nodes and their tasks ----------------------------------------
 
     @abstractmethod
     def transport(self, nodes: Sequence[Node]) -> Transport:
-        """How to run commands on these (running) nodes."""
-
-    def host_keys(self, node: Node) -> HostKeys | None:
-        """The host keys ``node`` must present, known without asking the
-        node; None: the provider has no such channel, and the transport
-        trusts the key it sees on first contact and pins it (provider ssh)."""
-        return None
+        """How to run commands on these (running) nodes; an SSH transport
+        logs in with ``login_key``, in ``remote_root``."""
 
     def task_port(self, node: str, task_type: str, index: int) -> int:
         """Where a task listens: the configured port of its type (one task
@@ -212,11 +232,6 @@ class NodeProvider(ConfigHooks, ABC):
         ports). Nothing by default: a VM's tasks are behind the cloud's
         firewall (gce) or the hosts' own (ssh: see README, Security)."""
 
-    #: Whether the nodes have a cloud identity of their own (``bucket_identity``
-    #: answers one): their uploader then authenticates as the node (GCE's
-    #: metadata server), with no key file sent to them.
-    nodes_have_identity = False
-
     def bucket_identity(self) -> NodeIdentity | None:
         """Who the nodes write to the cluster's bucket (``storage``) as,
         where they have an identity of their own (a GCE node's service
@@ -226,96 +241,53 @@ class NodeProvider(ConfigHooks, ABC):
         Cloud Storage)."""
         return None
 
-    def can_stop(self) -> bool:
-        """Whether stop/start mean anything (not for existing ssh hosts)."""
-        return True
 
-    def cannot_stop(self) -> str:
-        """Why ``stop`` refuses where ``can_stop`` is False, in one line."""
-        return f"provider {self.kind} cannot stop its nodes (they are not ours to stop)"
-
-    def self_stop(self) -> str | None:
-        """Whether a node may power itself off (autostop, infra/autostop.py):
-        None when it can, and stopping saves money; otherwise why not, as
-        one line for the user."""
-        return f"provider {self.kind} cannot stop its nodes from inside"
-
-    #: Whether a node's address is the cloud's to hand to another machine
-    #: once the node stops or goes (a GCE external IP): its pinned host key
-    #: is then forgotten, so the next VM at that address is not refused as
-    #: "changed". Fixed addresses (existing hosts, localhost) keep their pins.
-    ephemeral_addresses = False
-
-    #: Whether a job may bring its missing nodes up on the spot, without
-    #: `up` (local processes: they cost nothing and need no setup).
-    up_on_demand = False
-
-    def operation_timeout(self) -> float:
-        """How long `up` waits for the nodes to run: the provider's own
-        patience (gce: gce.operation_timeout)."""
-        return 600.0
-
-    def section(self) -> BaseModel | None:
-        """This cluster's ``config_section``, as cluster.yaml gives it (the
-        section's defaults when the file leaves it out)."""
-        if self.config_section is None:
-            return None
-        given = getattr(self.config, self.config.provider, None)
-        return given if given is not None else self.config_section()
-
-    def pending_reason(self, node: Node) -> str | None:
-        """Why a pending node is not up yet, for `up`'s plan; None: it is
-        merely on its way (a booting VM)."""
-        return None
-
-    def not_running(self, node: Node) -> str:
-        """One clause on a node a command needs that is not running."""
-        return f"{node.name} is {node.state.value}"
-
-    #: What to do about nodes that are not running, after ``not_running``.
-    not_running_hint = "run `deploy.py up` first"
+@runtime_checkable
+class Pricing(Protocol):
+    """What a provider that knows its cloud's prices says of cost, and of
+    what `up` would create, from cluster.yaml alone (gce's, from its dated
+    price table). Optional: callers ask ``isinstance(provider, Pricing)``;
+    a provider without it shows no cost (local, ssh)."""
 
     def hourly_cost(self, nodes: Sequence[Node]) -> float | None:
-        """Estimated USD per hour for these nodes as they are; None = free/unknown."""
-        return None
+        """Estimated USD per hour for these nodes as they are; None = unknown."""
 
-    # -- what the commands say -------------------------------------------------------
-    # Words differ per provider ("delete" is a lie for machines tfcluster
-    # never made): each provider says them, so that no command asks which
-    # provider it has.
+    def planned_cost(self, count: int) -> float | None:
+        """Estimated USD/hour of ``count`` new nodes while they run, from the
+        config alone; None = unknown."""
 
-    #: Whether ``up`` installs TensorFlow and syncs the code on the nodes
-    #: (not on local processes, which run this machine's files).
-    needs_setup = True
-
-    #: What ``down`` does to one node, as a plan line's verb ("delete  pc-1").
-    down_verb = "delete"
-    #: ``down``'s question before it acts.
-    down_question = "delete these, with their disks?"
-    #: What ``down`` did; ``{name}`` is the cluster's name.
-    down_done = "deleted {name}: nothing left running or billed"
+    def price_source(self) -> str:
+        """Where the estimates come from (a dated price table and its region)."""
 
     def planned_node(self) -> str | None:
         """What ``up`` would create for one node, from the config alone (no
-        API call, no credentials): machine type, disk, zone. None: nothing
-        worth saying (local folders, existing hosts)."""
-        return None
+        API call, no credentials): machine type, disk, zone."""
 
     def planned_identity(self) -> str | None:
         """Who the nodes' programs are to their cloud, from the config
         alone (gce: the service account and scopes); None: nothing of
         their own."""
-        return None
 
-    def planned_cost(self, count: int) -> float | None:
-        """Estimated USD/hour of ``count`` new nodes while they run, from the
-        config alone; None = free/unknown."""
-        return None
 
-    def price_source(self) -> str | None:
-        """Where the cost estimates come from (a dated price table and its
-        region); None when the provider has no cost."""
-        return None
+def login_key(config: ClusterConfig, state: ClusterState) -> tuple[Path, str]:
+    """The private key a cluster logs in to its nodes with and its public
+    line: ``ssh.key_file`` when cluster.yaml sets it, else the per-cluster
+    key in the state folder (made on first use). What a provider with an
+    SSH transport authorizes on its nodes and hands to ``SshTransport``."""
+    return cluster_key(config.ssh.key_file, state.key_file, f"tfcluster-{config.name}")
+
+
+def remote_root(provider: NodeProvider) -> str:
+    """The cluster's folder on its nodes (a layout path): ``setup.remote_dir``,
+    where a node is the cluster's alone. On existing hosts
+    (``Capabilities.existing_hosts``) other clusters may log in as the same
+    user (a colleague's of the same name too), and the files, pid files and
+    logs of one must never be another's: each has a folder of its own in
+    it, by name and id, and sees, syncs, cancels and stops only its own."""
+    base = provider.config.setup.remote_dir.rstrip("/") or "."
+    if not provider.capabilities().existing_hosts:
+        return base
+    return f"{base}/{provider.config.name}-{provider.state.cluster_id()}"
 
 
 #: What builds a provider: a ``NodeProvider`` subclass, or any callable

@@ -27,7 +27,7 @@ from infra import commands
 from infra.config_base import Strict
 from infra.errors import JobFailed, RemoteError
 from infra.providers import local_network
-from infra.providers.base import Node, NodeProvider, NodeState
+from infra.providers.base import Capabilities, Node, NodeProvider, NodeState
 from infra.providers.local_network import Holder, TaskNetwork
 from infra.transport import CommandResult, NodeLayout, Transport
 
@@ -195,9 +195,21 @@ class LocalProvider(NodeProvider):
 
     kind = "local"
     config_section = LocalConfig
-    needs_setup = False
-    up_on_demand = True
     _network: TaskNetwork | None = None
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            cannot_stop=(
+                "the local cluster's nodes are folders and processes on this machine: stopping "
+                "them saves nothing (`deploy.py cancel` stops a job, `deploy.py down` removes them)"
+            ),
+            cannot_self_stop=(
+                "provider local: the nodes are processes of this machine; stopping saves nothing"
+            ),
+            # They run this machine's files, cost nothing and need no setup.
+            needs_setup=False,
+            up_on_demand=True,
+        )
 
     @property
     def homes(self) -> Path:
@@ -245,7 +257,7 @@ class LocalProvider(NodeProvider):
     def task_network(self) -> TaskNetwork | None:
         """The cluster's network namespace (one object per provider: it is
         looked for once per command); None with ``local.network: host``."""
-        section = self.section()
+        section = self.section
         if isinstance(section, LocalConfig) and section.network == "host":
             return None
         if self._network is None:
@@ -315,18 +327,6 @@ class LocalProvider(NodeProvider):
                 hint="`export MNIST_DIR=FOLDER` of the official MNIST files, "
                 "or `train --data-dir FOLDER`",
             )
-
-    def can_stop(self) -> bool:
-        return False
-
-    def cannot_stop(self) -> str:
-        return (
-            "the local cluster's nodes are folders and processes on this machine: stopping "
-            "them saves nothing (`deploy.py cancel` stops a job, `deploy.py down` removes them)"
-        )
-
-    def self_stop(self) -> str | None:
-        return "provider local: the nodes are processes of this machine; stopping saves nothing"
 
     def transport(self, nodes: Sequence[Node]) -> Transport:
         return self.transport_for([n.name for n in nodes])

@@ -13,13 +13,13 @@ its status. Listing probes every host in parallel with a short timeout, so
 rebooting host (lifecycle's wait for running) instead of failing at once.
 
 ``create_nodes`` and ``start_nodes`` only wait for the hosts to answer;
-``stop_nodes`` refuses (``can_stop()`` is False: they are not ours to stop);
+``stop_nodes`` refuses (``Capabilities.cannot_stop``: they are not ours to stop);
 ``terminate_nodes`` (``down``) stops whatever tfcluster tasks still run on
 the reachable hosts and leaves the machines and their files alone.
 
 Each cluster keeps its files in a folder of its own on the hosts,
-``<setup.remote_dir>/<name>-<id>`` (``root``): several clusters may share a
-login, and none sees, overwrites, cancels or stops another's.
+``<setup.remote_dir>/<name>-<id>`` (``base.remote_root``): several
+clusters may share a login, and none sees, overwrites, cancels or stops another's.
 """
 
 from __future__ import annotations
@@ -33,7 +33,14 @@ from infra import commands
 from infra.config import ClusterConfig
 from infra.errors import ProviderError, RemoteError, StateError
 from infra.fanout import fan_out
-from infra.providers.base import Node, NodeProvider, NodeState
+from infra.providers.base import (
+    Capabilities,
+    Node,
+    NodeProvider,
+    NodeState,
+    login_key,
+    remote_root,
+)
 from infra.transport import Transport
 
 log = logging.getLogger("tfcluster")
@@ -68,20 +75,20 @@ class SshProvider(NodeProvider):
     """Existing machines reached over SSH."""
 
     kind = "ssh"
-    # The machines are the user's: `down` stops tfcluster's tasks on them and
-    # leaves the machines and their files alone; it deletes nothing.
-    down_verb = "release"
-    down_question = "stop tfcluster's tasks on these hosts (the machines and their files stay)?"
-    down_done = (
-        "released {name}: no tfcluster task runs on its hosts; "
-        "the machines and their files are as they were"
-    )
 
-    # A host that does not answer says why (refused, no answer), and what to
-    # do is the user's: start the machine or fix its address.
-    not_running_hint = (
-        "start that machine (or fix hosts.<node> in cluster.yaml), then run `deploy.py up`"
-    )
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            cannot_stop="provider ssh cannot stop its nodes (they are not ours to stop)",
+            cannot_self_stop=(
+                "provider ssh: these machines are not ours to power off (someone else may "
+                "use them, and nothing would start them again)"
+            ),
+            # The machines are the user's: `down` stops tfcluster's tasks on
+            # them and leaves the machines and their files alone; a host that
+            # does not answer says why (refused, no answer), and what to do is
+            # the user's: start the machine or fix its address.
+            existing_hosts=True,
+        )
 
     @classmethod
     def config_problem(cls, config: ClusterConfig) -> tuple[tuple[str, ...], str] | None:
@@ -92,15 +99,9 @@ class SshProvider(NodeProvider):
             )
         return None
 
-    def pending_reason(self, node: Node) -> str | None:
-        return node.status
-
-    def not_running(self, node: Node) -> str:
-        return f"{node.name} does not answer on its SSH port ({node.status.lower()})"
-
     def prepare(self) -> None:
         # The per-cluster key must exist before anything logs in.
-        self.login_key()
+        login_key(self.config, self.state)
 
     def non_terminated_nodes(self) -> list[Node]:
         hosts = {name: self.config.hosts[name] for name in self.config.nodes}
@@ -187,21 +188,12 @@ class SshProvider(NodeProvider):
             except RemoteError as exc:
                 log.warning("could not stop the tasks everywhere: %s", exc)
 
-    def can_stop(self) -> bool:
-        return False
-
-    def self_stop(self) -> str | None:
-        return (
-            "provider ssh: these machines are not ours to power off (someone else may "
-            "use them, and nothing would start them again)"
-        )
-
     def transport(self, nodes: Sequence[Node]) -> Transport:
         # Imported here: validating cluster.yaml asks this class about its
         # hosts, which needs no SSH stack.
         from infra.remote import SshTarget, SshTransport
 
-        key_file, _ = self.login_key()
+        key_file, _ = login_key(self.config, self.state)
         targets = []
         for node in nodes:
             host = self.config.hosts.get(node.name)
@@ -215,13 +207,5 @@ class SshProvider(NodeProvider):
             config=self.config,
             state=self.state,
             key_file=key_file,
-            root=self.remote_root(),
+            root=remote_root(self),
         )
-
-    def remote_root(self) -> str:
-        """The cluster's folder on its hosts: one of its own in
-        ``setup.remote_dir``, by name and id. Other clusters may log in as
-        the same user there (a colleague's of the same name too), and the
-        files, pid files and logs of one must never be another's: each
-        sees, syncs, cancels and stops only its own."""
-        return f"{super().remote_root()}/{self.config.name}-{self.state.cluster_id()}"

@@ -25,6 +25,7 @@ import yaml
 
 from infra.config import ClusterConfig, load_config
 from infra.keys import ensure_key_pair
+from infra.providers.base import remote_root
 from infra.remote import SshTarget, SshTransport
 from infra.state import ClusterState
 
@@ -205,7 +206,7 @@ def cluster_root(config_path: Path, home: Path) -> str:
     from infra.cluster import Cluster
 
     config = load_config(config_path)
-    return Cluster(config, ClusterState(config.name, home=home)).provider.remote_root()
+    return remote_root(Cluster(config, ClusterState(config.name, home=home)).provider)
 
 
 def config_file(folder: Path, data: dict[str, object]) -> Path:

@@ -39,7 +39,8 @@ The modules, one idea each: ``api`` (clients, retries, operations),
 ``errors`` (API failures read and translated), ``parallel`` (batches and
 their cancellation), ``nodes`` (listing, labels, host keys), ``instances``
 (create, start, stop, delete), ``firewall``, ``project`` (checks that read
-the project), ``checks`` (static checks, no API call), ``pricing``,
+the project), ``checks`` (static checks, no API call), ``pricing`` (the
+provider's ``Pricing``, from ``price_table``'s dated list prices),
 ``config`` (cluster.yaml's ``gce`` section, ``GceProvider.config_section``), and
 ``provider`` (``GceProvider`` composed of them). ``_google`` names the
 ``google.*`` modules, loaded on the first API call: the registry may import

@@ -19,7 +19,7 @@ from typing import cast
 
 from infra.config import in_file
 from infra.errors import CapacityError, ConfigError, ProviderError, StateError
-from infra.providers.base import NodeState
+from infra.providers.base import NodeState, login_key
 from infra.providers.gce import checks, identity
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, _last, _retried
@@ -189,7 +189,7 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         if not names:
             return
-        _, public_key = self.login_key()
+        _, public_key = login_key(self.config, self.state)
         with self._api_errors(f"creating {', '.join(names)}"):
             existing = self._instances_as_listed()  # `up`'s, when it just listed
             present = [n for n in names if n in existing]
@@ -360,7 +360,7 @@ class GceInstances(GceNodes):
         names = list(dict.fromkeys(names))
         if not names:
             return
-        _, public_key = self.login_key()
+        _, public_key = login_key(self.config, self.state)
         with self._api_errors(f"starting {', '.join(names)}"):
             existing = self._instances()
             missing = [n for n in names if n not in existing]

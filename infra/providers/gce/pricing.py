@@ -1,14 +1,15 @@
-"""What the cluster's nodes cost, from infra/pricing.py's list prices: of
-the nodes as they are (``status``) and of what ``up`` would create."""
+"""What the cluster's nodes cost, from price_table.py's list prices: of
+the nodes as they are (``status``) and of what ``up`` would create; with
+the plan's line of one new node, the provider's ``Pricing`` (base.py)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 
-from infra import pricing
 from infra.providers.base import Node, NodeState
 from infra.providers.gce import checks, identity
+from infra.providers.gce import price_table as pricing
 from infra.providers.gce.api import GceApi
 
 log = logging.getLogger("tfcluster")
@@ -18,7 +19,7 @@ class GcePricing(GceApi):
     """Cost estimates and the plan line of one new node."""
 
     def hourly_cost(self, nodes: Sequence[Node]) -> float | None:
-        """List-price USD/hour (infra/pricing.py): machine, GPUs and external
+        """List-price USD/hour (price_table.py): machine, GPUs and external
         IP of running nodes, the boot disk of every node, stopped ones too."""
         total = 0.0
         for node in nodes:
@@ -90,8 +91,11 @@ class GcePricing(GceApi):
         )
         return None if estimate.usd_per_hour is None else estimate.usd_per_hour * count
 
-    def price_source(self) -> str | None:
-        return f"{pricing.REGION} list prices as of {pricing.PRICES_AS_OF}, infra/pricing.py"
+    def price_source(self) -> str:
+        return (
+            f"{pricing.REGION} list prices as of {pricing.PRICES_AS_OF}, "
+            "infra/providers/gce/price_table.py"
+        )
 
 
 def _parse_accelerators(text: str | None) -> list[tuple[str, int]]:

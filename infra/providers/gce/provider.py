@@ -3,9 +3,9 @@
 Each part is one idea (``api`` the clients, retries and operations;
 ``nodes`` listing and keeping labels in sync; ``instances`` create with zone
 failover, start, stop, delete; ``firewall`` the rules; ``project`` the
-checks against the project; ``pricing`` the cost). This class adds what
-joins them: ``prepare`` (the rules and the nodes' key), how commands reach
-the nodes, and what the provider says of itself.
+checks against the project; ``pricing`` the cost, as ``base.Pricing``).
+This class adds what joins them: ``prepare`` (the rules and the nodes' key),
+how commands reach the nodes, and what they can do (``capabilities``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 from infra.config import ClusterConfig
 from infra.errors import ConfigError, StateError
-from infra.providers.base import Node
+from infra.providers.base import Capabilities, Node, login_key
 from infra.providers.gce import checks, identity
 from infra.providers.gce.config import GceConfig, gce_config
 from infra.providers.gce.firewall import GceFirewall
@@ -37,10 +37,6 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
 
     kind = "gce"
     config_section = GceConfig
-    # An external IP goes back to Google's pool on stop or delete.
-    ephemeral_addresses = True
-    # The service account of gce.service_account, from the metadata server.
-    nodes_have_identity = True
 
     def __init__(self, config: ClusterConfig, state: ClusterState) -> None:
         super().__init__(config, state)
@@ -49,7 +45,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     def prepare(self) -> None:
         """The SSH key, the firewall rules, and the key and labels on any
         existing node (a lost state folder means a new key: re-install it)."""
-        _, public_key = self.login_key()
+        _, public_key = login_key(self.config, self.state)
         if self._ssh_open_to_all():
             log.warning(
                 "SSH to the nodes is open to the whole internet (gce.ssh_source_ranges: %s); "
@@ -85,7 +81,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
         # Imported here: the SSH stack is not needed to list or create nodes.
         from infra.remote import SshTarget, SshTransport
 
-        key_file, _ = self.login_key()
+        key_file, _ = login_key(self.config, self.state)
         unreachable = [n.name for n in nodes if not (n.ssh_host or n.external_ip)]
         if unreachable:
             raise StateError(
@@ -105,8 +101,17 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
             auth_hint=self._auth_hint,
         )
 
-    def operation_timeout(self) -> float:
-        return self.gce.operation_timeout
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            # A guest shutdown leaves the instance TERMINATED: disks kept, no
+            # compute billed, and the node needs no credentials to do it.
+            cannot_self_stop=None,
+            # An external IP goes back to Google's pool on stop or delete.
+            ephemeral_addresses=True,
+            # The service account of gce.service_account, from the metadata server.
+            nodes_have_identity=True,
+            operation_timeout=self.gce.operation_timeout,
+        )
 
     @classmethod
     def gpus_per_node(cls, config: ClusterConfig) -> int:
@@ -118,11 +123,6 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
     def secret_files(cls, config: ClusterConfig) -> list[str]:
         credentials = gce_config(config).credentials
         return [] if credentials in ("adc", "anonymous") else [credentials]
-
-    def self_stop(self) -> str | None:
-        # A guest shutdown leaves the instance TERMINATED: disks kept, no
-        # compute billed, and the node needs no credentials to do it.
-        return None
 
     def bucket_identity(self) -> NodeIdentity:
         """The nodes' service account; refused when gce.scopes keep its

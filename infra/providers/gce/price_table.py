@@ -178,7 +178,8 @@ def node_hourly(
             unknown = True
             notes.append(
                 f"no price known for machine type {machine_type} "
-                f"(the table in infra/pricing.py has common {', '.join(_FAMILY_RATES)} shapes)"
+                "(the table in infra/providers/gce/price_table.py has common "
+                f"{', '.join(_FAMILY_RATES)} shapes)"
             )
         else:
             parts["machine"] = machine
