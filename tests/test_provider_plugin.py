@@ -10,8 +10,10 @@ local provider's transport, as folders on this machine. Its sibling
 ``ToySshProvider`` is docs/architecture.md's recipe to the letter: an
 ``SshTransport`` with the cluster's login key (``ssh.key_file`` here), to
 nodes that are real SSH servers on loopback (tests/hostile_node.py's, which
-run commands with sh in a folder): `exec` and `run` sync the code and the
-working folder to them and run a job there, whose run folder comes home.
+run commands with sh in a folder): `up` sets them up through it (a real
+install of the venv, offline: its requirements are pip alone, and the
+code synced), `exec` and `run` sync the working folder to them and run a
+job there with the venv's Python, whose run folder comes home.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from infra.config import ClusterConfig
 from infra.keys import ensure_key_pair
 from infra.providers.base import Capabilities, Node, NodeProvider, NodeState, login_key
 from infra.providers.local import LocalTransport
+from infra.setup_commands import MARKER
 from infra.transport import Transport
 from tests.hostile_node import FakeNode
 
@@ -280,6 +283,10 @@ class ToySshProvider(ToyProvider):
 
     kind = "toyssh"
 
+    def capabilities(self) -> Capabilities:
+        # SSH nodes get what `up` gives any: the venv installed, the code synced.
+        return replace(super().capabilities(), needs_setup=True)
+
     def non_terminated_nodes(self) -> list[Node]:
         nodes = []
         for name, state in sorted(self._load().items()):
@@ -304,9 +311,9 @@ class ToySshProvider(ToyProvider):
 
 
 # The job: the worker listens on its TF_CONFIG address until it is stopped;
-# the chief writes what it knows to its run folder.
+# the chief writes what it knows to its run folder, and which Python runs it.
 JOB = """\
-import json, os, pathlib, socket, time
+import json, os, pathlib, socket, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
 task = config["task"]
 if task["type"] == "worker":
@@ -317,7 +324,7 @@ else:
     notes = pathlib.Path("notes.txt").read_text().strip()
     worker = config["cluster"]["worker"][0]
     out = pathlib.Path(os.environ["TFCLUSTER_RUN_DIR"]) / "out.txt"
-    out.write_text(f"{os.environ['TFCLUSTER_TASK']} {notes} {worker}\\n")
+    out.write_text(f"{os.environ['TFCLUSTER_TASK']} {notes} {worker} {sys.prefix}\\n")
 """
 
 
@@ -337,6 +344,8 @@ def ssh_toys(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Path], int]]:
     project.mkdir()
     (project / "notes.txt").write_text("synced\n")
     (project / "job.py").write_text(JOB)
+    # setup's install, for real but offline: pip is already in a new venv.
+    (project / "requirements.txt").write_text("pip\n")
     config = project / "cluster.yaml"
     ports = free_ports(3)
     hosts = ", ".join(f"{n}: '127.0.0.1:{s.port}'" for n, s in zip(homes, servers, strict=True))
@@ -345,6 +354,7 @@ def ssh_toys(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Path], int]]:
         "roles: {ps: [], chief: t-1, worker: t-2}\n"
         f"hosts: {{{hosts}}}\nssh: {{key_file: {key}}}\n"
         f"ports: {{ps: {ports[0]}, worker: {ports[1]}, chief: {ports[2]}}}\n"
+        "setup: {requirements: requirements.txt}\n"
     )
     providers.register_provider("toyssh", ToySshProvider)
     try:
@@ -359,8 +369,15 @@ def test_the_recipes_provider_syncs_and_runs_a_job_through_its_transport(
     ssh_toys: tuple[Path, dict[str, Path], int],
 ) -> None:
     config, homes, worker_port = ssh_toys
-    code, out = run(config, "up", "--skip-setup")
+    # up: setup through the transport, on both nodes at once: the venv
+    # installed (with its marker) and the code synced.
+    code, out = run(config, "up")
     assert code == 0 and "toys is up: 2 nodes running" in out, out
+    for node, home in homes.items():
+        (line,) = [x for x in out.splitlines() if x.startswith(f"  {node}: installed (")]
+        assert ", synced " in line, out
+        assert (home / "tfcluster" / "venv" / MARKER).is_file()
+        assert (home / "tfcluster" / "code" / "trainer" / "catalog.py").is_file()
 
     # exec: the working folder goes to every node first, then the command runs there.
     code, out = run(config, "exec", "--", "cat", "notes.txt")
@@ -368,13 +385,12 @@ def test_the_recipes_provider_syncs_and_runs_a_job_through_its_transport(
     assert sorted(line for line in out.splitlines() if " | " in line) == [
         "t-1 | synced", "t-2 | synced",
     ]  # fmt: skip
-    for home in homes.values():  # the code went too (sync, as setup does it)
-        assert (home / "tfcluster" / "code" / "trainer" / "catalog.py").is_file()
 
     # run: a job of one chief and one worker, each with its TF_CONFIG; the
     # worker listens on its port (the chief starts once it does), the chief
-    # writes its run folder, which comes home.
-    code, out = run(config, "run", "--no-ps", "--", "python3", "job.py")
+    # writes its run folder, which comes home. Their `python` is setup's venv.
+    code, out = run(config, "run", "--no-ps", "--", "python", "job.py")
     assert code == 0, out
     fetched = list(Path("runs/toys").glob("*/out.txt"))
-    assert [p.read_text() for p in fetched] == [f"chief-0 synced 127.0.0.1:{worker_port}\n"]
+    venv = homes["t-1"] / "tfcluster" / "venv"
+    assert [p.read_text() for p in fetched] == [f"chief-0 synced 127.0.0.1:{worker_port} {venv}\n"]
