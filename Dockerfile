@@ -11,7 +11,7 @@
 # BAKE_VENV=1 bakes the trainer's dependencies into the node's venv from the
 # host-side wheelhouse (.cache/wheelhouse) and writes the same install marker
 # that the install of infra/install.py writes (INSTALL_MARKER, from
-# `python -m infra.setup marker`), so `deploy.py up` on fresh nodes finds nothing to install.
+# `python -m tfcluster_cli.compose marker`), so `deploy.py up` on fresh nodes finds nothing to install.
 # (docker/build-node-image.sh gets the same result faster by running
 # docker/bake-venv.sh in a container of the BAKE_VENV=0 image and committing it.)
 ARG BASE_IMAGE=debian:bookworm

@@ -11,7 +11,7 @@
 set -euo pipefail
 wheelhouse="$1" requirements="$2" remote_dir="$3" marker="$4"
 if [ -z "$marker" ]; then
-    echo "tfcluster-bake: no install marker given (python -m infra.setup marker)" >&2
+    echo "tfcluster-bake: no install marker given (python -m tfcluster_cli.compose marker)" >&2
     exit 1
 fi
 root="$HOME/$remote_dir"

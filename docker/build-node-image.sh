@@ -66,7 +66,7 @@ fi
 
 bash docker/build-wheelhouse.sh .cache/wheelhouse
 # The same fingerprint infra/install.py computes (InstallPlan.fingerprint): baked nodes are "already installed".
-marker="$("$python" -m infra.setup marker --config "$config")"
+marker="$("$python" -m tfcluster_cli.compose marker --config "$config")"
 remote_dir="$("$python" -c 'import sys; from infra.config import load_config
 print(load_config(sys.argv[1]).setup.remote_dir)' "$config")"
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import shlex
 
-from infra.commands import PRELUDE, autostop_dir, path
-from infra.tensorboard import board_layout
+from infra.commands import PRELUDE, autostop_dir, board_layout, path
 from infra.transport import NodeLayout
 
 # A busy mark counts this long after its last renewal (its holder renews

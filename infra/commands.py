@@ -19,9 +19,20 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from infra.transport import NodeLayout
 from infra.watchdog import Watch, renew_lease, watch_words, wrapper_argv
+
+# TensorBoard runs as a task of its own (infra/tensorboard.py), logging in a
+# folder of its own: the autostop watcher counts it as work.
+TENSORBOARD_TASK = "tensorboard"
+
+
+def board_layout(layout: NodeLayout) -> NodeLayout:
+    """The node's layout with TensorBoard's own log folder."""
+    return replace(layout, logs=f"{layout.root}/{TENSORBOARD_TASK}")
+
 
 # Every command starts in the login's home; relative layout paths are from
 # there. H pins it (exported: the tasks' inner shells use it too), so a later

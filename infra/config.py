@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from infra.config_base import show
 from infra.config_schema import ClusterConfig, SshConfig, _KeyedError, check_env, check_env_name
 from infra.errors import ConfigError
-from infra.providers import provider_names, provider_sections
+from infra.provider_registry import provider_names, provider_sections
 
 __all__ = [
     "ClusterConfig",

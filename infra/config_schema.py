@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -35,12 +36,10 @@ from pydantic_core import PydanticCustomError
 
 from infra.config_base import Port, Strict, show
 from infra.config_hosts import HostConfig, host_shorthand
-from infra.providers import provider_class, provider_names
+from infra.durations import parse_duration
+from infra.provider_registry import provider_class, provider_names
 from infra.storage.config import StorageConfig
 from trainer import catalog
-
-if TYPE_CHECKING:
-    from infra.fetch import FetchLimits
 
 # GCE's rule for instance, firewall and label-value names (RFC 1035).
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
@@ -257,6 +256,16 @@ class JobConfig(Strict):
         return env
 
 
+@dataclass(frozen=True)
+class FetchLimits:
+    """What one fetch takes from a node at most (``FetchConfig.limits``):
+    what infra/fetch.py and the bucket's runs enforce."""
+
+    max_bytes: int
+    max_entries: int
+    timeout: float
+
+
 class FetchConfig(Strict):
     """What a fetch (the end of `train`/`run`, `deploy.py fetch`) takes from a
     node at most: a node is not trusted to send only what it lists
@@ -273,14 +282,10 @@ class FetchConfig(Strict):
     timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 120.0
 
     def limits(self) -> FetchLimits:
-        from infra.fetch import FetchLimits
-
         return FetchLimits(int(self.max_gb * 1e9), self.max_entries, self.timeout)
 
 
 def _autostop(value: Any) -> int | None:
-    from infra.autostop import parse_duration
-
     return parse_duration(value)
 
 

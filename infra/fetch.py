@@ -36,12 +36,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 import paramiko
 
+from infra.config_schema import FetchLimits
 from infra.errors import FetchLimitExceeded, RemoteError, UnsafeRemoteEntry
 
 # A fetched tree deeper than this is a node answering every listing with
@@ -59,15 +59,6 @@ _LIMIT_HINT = (
     "if the run folder really is that large (or the node that slow), raise it in "
     "cluster.yaml's fetch section and `deploy.py fetch` again; otherwise check {node}"
 )
-
-
-@dataclass(frozen=True)
-class FetchLimits:
-    """What one fetch takes from a node at most (cluster.yaml's ``fetch``)."""
-
-    max_bytes: int
-    max_entries: int
-    timeout: float
 
 
 def _shown(path: str) -> str:

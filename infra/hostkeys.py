@@ -23,8 +23,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
@@ -33,10 +33,23 @@ from paramiko.ssh_exception import SSHException
 from infra.errors import HostKeyChanged
 from infra.fanout import pause
 
-if TYPE_CHECKING:
-    from infra.providers.base import HostKeys
-
 log = logging.getLogger("tfcluster")
+
+
+@dataclass(frozen=True)
+class HostKeys:
+    """The SSH host keys a node should present, as its provider learnt them
+    over a channel other than SSH itself (GCE: what the guest agent
+    publishes in guest attributes, read over the authenticated Compute API).
+    """
+
+    # The name they are pinned under in known_hosts: the machine's own
+    # identity, not its address, so the pin survives stop/start and a new
+    # ephemeral IP (GCE: ``compute.<instance id>``, as gcloud names it).
+    alias: str
+    # ``"<type> <base64>"`` lines; empty while the node has not published
+    # them yet (a GCE guest agent does so some seconds after boot).
+    keys: tuple[str, ...] = ()
 
 
 # The known_hosts file is shared by every connection of this process (and by

@@ -7,7 +7,7 @@ installed is summed up in one fingerprint (``InstallPlan.fingerprint``: the
 requirements text, the Python, the wheelhouse listing, the commands and the
 GPU flag) that the install writes last, to ``<venv>/.tfcluster-install``;
 a later ``up`` whose fingerprint matches installs nothing. The node image's
-``BAKE_VENV=1`` build writes the same marker (``python -m infra.setup
+``BAKE_VENV=1`` build writes the same marker (``python -m tfcluster_cli.compose
 marker``), so fresh containers start with nothing to install.
 
 The venv is ``<setup.remote_dir>/venv`` (``layout.env``): on provider ssh

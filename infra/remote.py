@@ -40,14 +40,14 @@ from infra.config import ClusterConfig
 from infra.errors import FetchLimitExceeded, RemoteError, combine_errors
 from infra.fanout import fan_out
 from infra.fetch import fetch_staged, rsync_fetch_args, run_watched, sftp_fetch, silent
-from infra.hostkeys import SSH_HOST_KEY_REFUSED, forget_host, host_key_changed, known_hosts_name
+from infra.hostkeys import SSH_HOST_KEY_REFUSED, host_key_changed, known_hosts_name
 from infra.ssh_connections import SshConnections, SshTarget
 from infra.ssh_stream import follow
 from infra.state import ClusterState
 from infra.transport import CommandResult, NodeLayout, Transport, free_local_port
 
 if TYPE_CHECKING:
-    from infra.providers.base import HostKeys
+    from infra.hostkeys import HostKeys
 
 log = logging.getLogger("tfcluster")
 # rsync's exit codes for a peer silent past --timeout (RERR_TIMEOUT, RERR_CONTIMEOUT).
@@ -462,40 +462,3 @@ def _rsync_failed(node: str, done: subprocess.CompletedProcess[str]) -> RemoteEr
 def _word(path: str) -> str:
     """A remote path as a bash word: absolute as is, relative from home."""
     return shlex.quote(path)
-
-
-def public_key_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m infra.remote public-key --config FILE``: print the public
-    key line that logs in to that cluster's nodes (creating the per-cluster
-    key on first use). ``make cluster-up`` authorizes it on the containers."""
-    import argparse
-
-    from infra.config import load_config
-    from infra.keys import cluster_key
-
-    parser = argparse.ArgumentParser(prog="python -m infra.remote")
-    sub = parser.add_subparsers(dest="command", required=True)
-    pub = sub.add_parser("public-key", help="print the cluster's public key line")
-    pub.add_argument("--config", required=True)
-    forget = sub.add_parser("forget-host", help="drop a node's pinned host key")
-    forget.add_argument("--config", required=True)
-    forget.add_argument("node", nargs="?", help="default: every node")
-    args = parser.parse_args(argv)
-    config = load_config(args.config)
-    state = ClusterState(config.name)
-    if args.command == "public-key":
-        _, line = cluster_key(config.ssh.key_file, state.key_file, f"tfcluster-{config.name}")
-        print(line)
-        return 0
-    nodes = [args.node] if args.node else list(config.nodes)
-    for node in nodes:
-        host = config.hosts.get(node)
-        if host is None:
-            continue
-        if forget_host(state.known_hosts, host.address, host.port):
-            print(f"{node}: forgot the host key of {known_hosts_name(host.address, host.port)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(public_key_main())

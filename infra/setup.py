@@ -19,18 +19,15 @@ TensorFlow see all its GPUs (``commands.gpu_check``, waiting for a
 first-boot driver install), else setup fails: no silent CPU run on a GPU
 bill.
 
-``python -m infra.setup marker --config FILE`` prints the install marker
+``python -m tfcluster_cli.compose marker --config FILE`` prints the install marker
 (the node image's ``BAKE_VENV=1`` build writes it).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 from infra import commands
@@ -49,7 +46,7 @@ from infra.install import (
     requirements_file,
     wheelhouse_listing,
 )
-from infra.providers import provider_class
+from infra.provider_registry import provider_class
 from infra.setup_commands import probe_command
 from infra.setup_facts import Probe, parse_listing, parse_probe
 from infra.setup_report import NodeSetup, OnEvent, SetupReport
@@ -269,34 +266,3 @@ def sync_nodes(
     return setup_nodes(
         transport, config, on_event=on_event, install=False, check=check, workdir=workdir
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m infra.setup marker --config FILE``: the install marker a
-    node set up for that config carries (the node image's BAKE_VENV=1
-    build writes it). ``plan`` prints the whole plan as JSON."""
-    import argparse
-
-    from infra.config import load_config
-
-    parser = argparse.ArgumentParser(prog="python -m infra.setup")
-    parser.add_argument("what", choices=["marker", "plan"])
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args(argv)
-    try:
-        plan = install_plan(load_config(args.config))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.what == "marker":
-        print(plan.fingerprint)
-    else:
-        data = asdict(plan)
-        data["wheelhouse"] = str(plan.wheelhouse) if plan.wheelhouse else None
-        data["fingerprint"] = plan.fingerprint
-        print(json.dumps(data, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

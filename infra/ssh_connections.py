@@ -38,7 +38,7 @@ from infra.hostkeys import host_key_changed, known_hosts_name, pin_published, tr
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
-    from infra.providers.base import HostKeys
+    from infra.hostkeys import HostKeys
 
 log = logging.getLogger("tfcluster")
 

@@ -24,25 +24,21 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from infra import commands, facts
+from infra.commands import board_layout
 from infra.errors import RemoteError
-from infra.transport import NodeLayout, Transport
+from infra.transport import Transport
 from infra.watchdog import Watch, renew_lease
 
-TASK = "tensorboard"
+TASK = commands.TENSORBOARD_TASK
 # TensorBoard imports TensorFlow when it is installed: tens of seconds on a
 # small, busy machine before it listens.
 START_TIMEOUT_S = 180.0
 # TensorBoard ends this long after the command that serves it last looked.
 LEASE_S = 90
 _NOT_INSTALLED = "No module named tensorboard"
-
-
-def board_layout(layout: NodeLayout) -> NodeLayout:
-    """The node's layout with TensorBoard's own log folder."""
-    return replace(layout, logs=f"{layout.root}/{TASK}")
 
 
 @dataclass

@@ -27,7 +27,7 @@ cluster-image: $(STAMP)
 
 cluster-up: cluster-image
 	TFCLUSTER_NODE_IMAGE=$(NODE_IMAGE) \
-	TFCLUSTER_AUTHORIZED_KEYS="$$($(PY) -m infra.remote public-key --config $(CLUSTER_CONFIG))" \
+	TFCLUSTER_AUTHORIZED_KEYS="$$($(PY) -m tfcluster_cli.compose public-key --config $(CLUSTER_CONFIG))" \
 		$(COMPOSE) -p $(CLUSTER_PROJECT) -f docker-compose.yml up -d
 	@echo "cluster up: $(PY) deploy.py --config $(CLUSTER_CONFIG) up"
 
@@ -36,4 +36,4 @@ cluster-down: $(STAMP)
 		down -v --remove-orphans
 	@# The containers are gone for good: their host keys go too, or the next
 	@# cluster-up (new containers, new keys) would be refused as "changed".
-	$(PY) -m infra.remote forget-host --config $(CLUSTER_CONFIG)
+	$(PY) -m tfcluster_cli.compose forget-host --config $(CLUSTER_CONFIG)

@@ -20,17 +20,12 @@ from click.testing import CliRunner
 
 from deploy import cli
 from infra import autostop, autostop_commands, commands, facts
-from infra.autostop import (
-    ClusterIdle,
-    DurationError,
-    format_duration,
-    parse_duration,
-    summarize,
-)
+from infra.autostop import ClusterIdle, summarize
 from infra.autostop_commands import BUSY_LEASE_S
+from infra.commands import board_layout
 from infra.config import ClusterConfig
+from infra.durations import DurationError, format_duration, parse_duration
 from infra.providers.local import LocalTransport
-from infra.tensorboard import board_layout
 from infra.transport import NodeLayout
 from tests.fake_gce import FakeGce
 

@@ -27,7 +27,8 @@ from infra.errors import (
     ProviderError,
     StateError,
 )
-from infra.providers.base import HostKeys, Node, NodeState
+from infra.hostkeys import HostKeys
+from infra.providers.base import Node, NodeState
 from infra.providers.gce import CLUSTER_LABEL, GceProvider, RetryPolicy
 from infra.providers.gce import price_table as pricing
 from infra.state import ClusterState

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.support.loopback import free_ports
 from deploy import cli
-from infra import providers
+from infra import provider_registry as providers
 from infra.config import ClusterConfig
 from infra.keys import ensure_key_pair
 from infra.providers.base import Capabilities, Node, NodeProvider, NodeState, login_key

@@ -189,8 +189,8 @@ def test_wheelhouse_must_exist(tmp_path: Path) -> None:
 
 
 def test_marker_cli_matches_the_plan(tmp_path: Path) -> None:
-    """The node image's build writes the marker with `python -m infra.setup
-    marker`; a node set up by `up` must carry the same one. A wheelhouse of
+    """The node image's build writes the marker with `python -m
+    tfcluster_cli.compose marker`; a node set up by `up` must carry the same one. A wheelhouse of
     its own: the test runs on a fresh clone too (no docker/build-wheelhouse.sh)."""
     repo = Path(__file__).resolve().parents[1]
     wheels = tmp_path / "wheels"
@@ -202,7 +202,7 @@ def test_marker_cli_matches_the_plan(tmp_path: Path) -> None:
     text = text.replace("wheelhouse: ../.cache/wheelhouse", f"wheelhouse: {wheels}")
     config.write_text(text)
     out = subprocess.run(
-        [sys.executable, "-m", "infra.setup", "marker", "--config", str(config)],
+        [sys.executable, "-m", "tfcluster_cli.compose", "marker", "--config", str(config)],
         capture_output=True, text=True, check=True, cwd=repo,
     ).stdout.strip()  # fmt: skip
     from infra.config import load_config

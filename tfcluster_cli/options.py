@@ -78,7 +78,7 @@ def env_pairs_option(help: str) -> Any:
 
 def duration_option(key: str, text: str) -> int | None:
     """A duration option (``30m``, ``2h``, ``off``) in seconds; None: off."""
-    from infra.autostop import DurationError, parse_duration
+    from infra.durations import DurationError, parse_duration
 
     try:
         return parse_duration(text)

@@ -141,7 +141,7 @@ def print_started(cluster: Cluster, nodes: Sequence[Node]) -> None:
 
 
 def print_autostop(after: int | None, nodes: Sequence[str]) -> None:
-    from infra.autostop import format_duration
+    from infra.durations import format_duration
 
     what = f"stop after {format_duration(after)} idle" if after else "off"
     consoles.console.print(f"autostop {what} on {', '.join(nodes)}", markup=False, soft_wrap=True)

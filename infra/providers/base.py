@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from infra.config import ClusterConfig
 from infra.keys import cluster_key
-from infra.providers import PROVIDERS, ConfigHooks, provider_class, provider_factory
+from infra.provider_registry import PROVIDERS, ConfigHooks, provider_class, provider_factory
 from infra.state import ClusterState
 
 if TYPE_CHECKING:
@@ -73,22 +73,6 @@ class Node:
     # The cloud identity its programs get (GCE: the service account); None: none known.
     service_account: str | None = None
     scopes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class HostKeys:
-    """The SSH host keys a node should present, as its provider learnt them
-    over a channel other than SSH itself (GCE: what the guest agent
-    publishes in guest attributes, read over the authenticated Compute API).
-    """
-
-    # The name they are pinned under in known_hosts: the machine's own
-    # identity, not its address, so the pin survives stop/start and a new
-    # ephemeral IP (GCE: ``compute.<instance id>``, as gcloud names it).
-    alias: str
-    # ``"<type> <base64>"`` lines; empty while the node has not published
-    # them yet (a GCE guest agent does so some seconds after boot).
-    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

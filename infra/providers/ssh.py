@@ -3,7 +3,7 @@
 There is nothing to create, start, stop or delete: the nodes are the hosts
 listed in cluster.yaml, reached over SSH with the cluster's key (the per-
 cluster key, or ``ssh.key_file``), whose public half the user authorizes on
-each host once (``python -m infra.remote public-key --config FILE`` prints
+each host once (``python -m tfcluster_cli.compose public-key --config FILE`` prints
 it; ``make cluster-up`` does it for the docker-compose cluster).
 
 State: a host whose sshd port accepts a TCP connection is RUNNING; one that

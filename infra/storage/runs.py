@@ -25,7 +25,7 @@ from infra.storage.urls import GsUrl, run_id_problem
 if TYPE_CHECKING:
     from google.cloud.storage.client import Client
 
-    from infra.fetch import FetchLimits
+    from infra.config_schema import FetchLimits
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,104 @@
+"""``python -m tfcluster_cli.compose``: what the node image's build and the
+docker-compose cluster's make targets ask of tfcluster (docker/, mk/):
+
+* ``marker --config FILE``: the install marker a node set up for that config
+  carries (the node image's ``BAKE_VENV=1`` build writes it, so ``up`` finds
+  nothing to install there); ``plan`` prints the whole install plan as JSON;
+* ``public-key --config FILE``: the public key line that logs in to that
+  cluster's nodes (made on first use); ``make cluster-up`` authorizes it on
+  the containers;
+* ``forget-host --config FILE [NODE]``: drop the pinned host keys of the
+  cluster's hosts (the containers were made again).
+
+A command line beside deploy.py's for scripts, not for users: the library
+parts are infra's (``install_plan``, ``cluster_key``, ``forget_host``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import click
+
+from infra.config import ClusterConfig, load_config
+from infra.errors import ConfigError
+from infra.hostkeys import forget_host, known_hosts_name
+from infra.keys import cluster_key
+from infra.setup import install_plan
+from infra.state import ClusterState
+
+_CONFIG = click.option("--config", "config_path", required=True, help="the cluster.yaml")
+
+
+def _load(config_path: str) -> ClusterConfig:
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def compose() -> None:
+    """What the node image's build and the compose cluster ask of tfcluster."""
+
+
+@compose.command()
+@click.argument("what", type=click.Choice(["marker", "plan"]), default="marker", required=False)
+@_CONFIG
+def marker(what: str, config_path: str) -> None:
+    """The install marker of a node set up for the config (or the plan)."""
+    try:
+        plan = install_plan(_load(config_path))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if what == "marker":
+        click.echo(plan.fingerprint)
+        return
+    data = asdict(plan)
+    data["wheelhouse"] = str(plan.wheelhouse) if plan.wheelhouse else None
+    data["fingerprint"] = plan.fingerprint
+    click.echo(json.dumps(data, indent=2))
+
+
+@compose.command("public-key")
+@_CONFIG
+def public_key(config_path: str) -> None:
+    """The public key line that logs in to the cluster's nodes."""
+    config = _load(config_path)
+    state = ClusterState(config.name)
+    _, line = cluster_key(config.ssh.key_file, state.key_file, f"tfcluster-{config.name}")
+    click.echo(line)
+
+
+@compose.command("forget-host")
+@_CONFIG
+@click.argument("node", required=False)
+def forget(config_path: str, node: str | None) -> None:
+    """Drop the pinned host key of NODE (default: every node with a host)."""
+    config = _load(config_path)
+    state = ClusterState(config.name)
+    for name in [node] if node else list(config.nodes):
+        host = config.hosts.get(name)
+        if host is None:
+            continue
+        if forget_host(state.known_hosts, host.address, host.port):
+            pinned = known_hosts_name(host.address, host.port)
+            click.echo(f"{name}: forgot the host key of {pinned}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        compose.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
