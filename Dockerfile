@@ -10,7 +10,7 @@
 #
 # BAKE_VENV=1 bakes the trainer's dependencies into the node's venv from the
 # host-side wheelhouse (.cache/wheelhouse) and writes the same install marker
-# that the install of infra/install.py writes (INSTALL_MARKER, from
+# that the install of infra/setup/install.py writes (INSTALL_MARKER, from
 # `python -m tfcluster_cli.compose marker`), so `deploy.py up` on fresh nodes finds nothing to install.
 # (docker/build-node-image.sh gets the same result faster by running
 # docker/bake-venv.sh in a container of the BAKE_VENV=0 image and committing it.)
@@ -54,7 +54,7 @@ ENV NODE_USER=${NODE_USER}
 # The requirements file plus, when it exists, the wheelhouse's wheels (the
 # glob may match nothing: the requirements file keeps the COPY valid).
 COPY trainer/requirements.txt trainer/requirements-no-deps.txt ${WHEELHOUSE}* /tmp/bake/
-# As the login user, as infra/install.py installs: no chown pass over the venv.
+# As the login user, as infra/setup/install.py installs: no chown pass over the venv.
 USER ${NODE_USER}
 RUN if [ "${BAKE_VENV}" = 1 ]; then \
         tfcluster-bake /tmp/bake /tmp/bake/requirements.txt "${REMOTE_DIR}" "${INSTALL_MARKER}"; \

@@ -20,8 +20,8 @@ from typing import Any
 
 import click
 
-from infra.cluster import Cluster
-from infra.config import ClusterConfig, default_config, load_config
+from infra.cluster.api import Cluster
+from infra.config.loader import ClusterConfig, default_config, load_config
 from infra.errors import Interrupted
 from tfcluster_cli import render
 from tfcluster_cli.consoles import console, setup_logging
@@ -43,7 +43,7 @@ from tfcluster_cli.provider_words import down_words
 from tfcluster_cli.reports import print_report
 from tfcluster_cli.sweeps import run_with_table, train_sweep
 from trainer import catalog
-from trainer.progress import process_age
+from trainer.loop.progress import process_age
 
 pass_cluster = click.make_pass_decorator(Cluster)
 
@@ -497,7 +497,7 @@ def sweep(
     (it comes home into runs/<cluster>/<sweep id>/trial-N) and its values.
     A failing trial is reported and the others go on; Ctrl-C stops them all.
     `deploy.py report SWEEP_FOLDER` compares the trials."""
-    from infra.sweep_spec import command_spec, parse_params
+    from infra.sweeps.spec import command_spec, parse_params
 
     spec = command_spec(
         command,

@@ -160,7 +160,7 @@ def main() -> int:
         parser.error(f"--modes: choose from {', '.join(MODES)}")
     if args.smoke:
         args.epochs, args.eval_every = 0.25, 0.125
-    from trainer.data import count_examples, resolve_data_dir
+    from trainer.data.mnist import count_examples, resolve_data_dir
 
     data_dir = resolve_data_dir(args.data_dir)
     args.data_dir = str(data_dir)

@@ -57,7 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra import commands, facts  # noqa: E402  (no TensorFlow: the parent stays light)
+from infra.node import commands, facts  # noqa: E402  (no TensorFlow: the parent stays light)
 
 MODELS = ("convnet", "cnn")
 # Per-GPU batches: the source material's convnet ran 1024 per GPU.
@@ -439,7 +439,7 @@ def main() -> int:
         plan = gpu_plan(args)
     if plan is None:
         return 0
-    from trainer.data import resolve_data_dir
+    from trainer.data.mnist import resolve_data_dir
 
     data_dir = str(resolve_data_dir(args.data_dir))  # downloads once, before timing
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:

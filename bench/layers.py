@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--data-dir")
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args()
-    from trainer.data import resolve_data_dir
+    from trainer.data.mnist import resolve_data_dir
 
     data_dir = str(resolve_data_dir(args.data_dir))
     rows = measure(args, data_dir)

@@ -276,7 +276,7 @@ def main() -> int:
     steps, warmup = (SMOKE_STEPS, SMOKE_WARMUP) if args.smoke else (args.steps, args.warmup)
     if not 0 < warmup < steps:
         parser.error("--warmup must be between 0 and --steps")
-    from trainer.data import resolve_data_dir
+    from trainer.data.mnist import resolve_data_dir
 
     for name, value in PROGRAM_ENV.items():  # the children's environment
         os.environ.setdefault(name, value)

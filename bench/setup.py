@@ -1,4 +1,4 @@
-"""Benchmark of ``infra.setup`` on real sshd nodes (containers of the bare
+"""Benchmark of ``infra.setup.nodes`` on real sshd nodes (containers of the bare
 node image): does setup scale out, and is a no-change sync quick?
 
     .venv/bin/python bench/setup.py [--full] [--json-only]
@@ -45,11 +45,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra.config import ClusterConfig, parse_config  # noqa: E402
-from infra.keys import ensure_key_pair  # noqa: E402
-from infra.remote import SshTarget, SshTransport  # noqa: E402
-from infra.setup import setup_nodes, sync_nodes  # noqa: E402
-from infra.state import ClusterState  # noqa: E402
+from infra.config.loader import ClusterConfig, parse_config  # noqa: E402
+from infra.setup.nodes import setup_nodes, sync_nodes  # noqa: E402
+from infra.state.folder import ClusterState  # noqa: E402
+from infra.state.keys import ensure_key_pair  # noqa: E402
+from infra.transport.ssh import SshTarget, SshTransport  # noqa: E402
 
 IMAGE = os.environ.get("TFCLUSTER_BENCH_IMAGE", "tfcluster/node-bare:local")
 LABEL = f"tfcluster-bench={os.getpid()}"

@@ -58,11 +58,12 @@ def chief(args: argparse.Namespace) -> None:
     import keras
     import tensorflow as tf
 
-    from trainer import catalog, distribute
+    from trainer import catalog
+    from trainer.distribution import strategy as distribute
     from trainer.flags import parse_args
+    from trainer.loop.progress import Progress
+    from trainer.loop.steps import gradient_fn, read_values
     from trainer.models import create_task
-    from trainer.progress import Progress
-    from trainer.steps import gradient_fn, read_values
     from trainer.training import Training
 
     info = distribute.parse_tf_config(os.environ.get("TF_CONFIG"))
@@ -213,14 +214,14 @@ def main() -> int:
     ensure_inter_op_threads()
     use_pooling_cpu_allocator()
     if args.task:
-        from trainer import distribute
+        from trainer.distribution import strategy as distribute
 
         info = distribute.parse_tf_config(os.environ.get("TF_CONFIG"))
         if distribute.serves_only(info, "async"):
             distribute.serve(info)
         chief(args)
         return 0
-    from trainer.data import resolve_data_dir
+    from trainer.data.mnist import resolve_data_dir
 
     args.data_dir = str(resolve_data_dir(args.data_dir))
     found = launch(args)

@@ -64,7 +64,7 @@ def keras_fit(steps: int, batch_size: int, data_dir: str, warmup: int = WARMUP_S
     import numpy as np
     import tensorflow as tf
 
-    from trainer.data import load_split, resolve_data_dir
+    from trainer.data.mnist import load_split, resolve_data_dir
 
     train = load_split(resolve_data_dir(data_dir), "train")
     x = train.images[..., None].astype(np.float32) / 255.0
@@ -243,7 +243,7 @@ def main() -> int:
         return 0
     if args.steps <= 2 * WARMUP_STEPS:
         parser.error(f"--steps must be above {2 * WARMUP_STEPS}")
-    from trainer.data import resolve_data_dir
+    from trainer.data.mnist import resolve_data_dir
 
     data_dir = str(resolve_data_dir(args.data_dir))  # download once, before timing
     report = make_report(measure(args, data_dir), args)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Bake the trainer's venv into a node, as the login user, from a wheelhouse:
 # what `deploy.py up` would install, plus the install marker that the probe
-# of infra/setup_commands.py compares, so that `up` on such a node has nothing to install.
+# of infra/setup/commands.py compares, so that `up` on such a node has nothing to install.
 #
 #   tfcluster-bake WHEELHOUSE REQUIREMENTS REMOTE_DIR MARKER
 #
@@ -20,7 +20,7 @@ python3 -m venv "$root/venv"
 "$root/venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check \
     --no-index --find-links "$wheelhouse" -r "$requirements"
 # Beside the requirements: what goes in without its dependencies (tf-keras),
-# as infra/setup_commands.py installs it.
+# as infra/setup/commands.py installs it.
 no_deps="$(dirname "$requirements")/requirements-no-deps.txt"
 if [ -f "$no_deps" ]; then
     "$root/venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check \

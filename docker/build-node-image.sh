@@ -65,9 +65,9 @@ if [ "$bake" != 1 ]; then
 fi
 
 bash docker/build-wheelhouse.sh .cache/wheelhouse
-# The same fingerprint infra/install.py computes (InstallPlan.fingerprint): baked nodes are "already installed".
+# The same fingerprint infra/setup/install.py computes (InstallPlan.fingerprint): baked nodes are "already installed".
 marker="$("$python" -m tfcluster_cli.compose marker --config "$config")"
-remote_dir="$("$python" -c 'import sys; from infra.config import load_config
+remote_dir="$("$python" -c 'import sys; from infra.config.loader import load_config
 print(load_config(sys.argv[1]).setup.remote_dir)' "$config")"
 
 if [ "$method" = build ]; then

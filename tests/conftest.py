@@ -19,7 +19,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 REPO = Path(__file__).resolve().parents[1]
 # Where a job's results come home when no --dest is given: runs/<cluster>/...
-# of the current folder (infra/cluster_jobs.py), which tests must never fill.
+# of the current folder (infra/cluster/jobs.py), which tests must never fill.
 REPO_RUNS = REPO / "runs"
 # The offline MNIST copy beside the checkout (CI), unless the caller set one.
 DEFAULT_MNIST = REPO.parent / "shared" / "datasets" / "mnist"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import paramiko
 
-from infra.config import parse_config
-from infra.keys import ensure_key_pair
-from infra.remote import SshTarget, SshTransport
-from infra.state import ClusterState
+from infra.config.loader import parse_config
+from infra.state.folder import ClusterState
+from infra.state.keys import ensure_key_pair
+from infra.transport.ssh import SshTarget, SshTransport
 from tests.hostile_node import fake_node
 
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from tests.import_graph import REPO, cycles, graph, imports, modules
+import pytest
+
+from tests.import_graph import REPO, cycles, graph, imports, module_name, modules
 from trainer import catalog
 
 PRODUCT = ("infra", "trainer", "tfcluster_cli")
@@ -41,9 +45,9 @@ def test_the_graph_is_the_whole_product() -> None:
     above passes on nothing)."""
     edges = _product_graph()
     assert len(edges) > 100
-    assert "infra.cluster_base" in edges["infra.cluster"]
-    assert "trainer.catalog" in edges["infra.config_schema"]
-    assert "infra.cluster" in edges["deploy"] or any(
+    assert "infra.cluster.base" in edges["infra.cluster.api"]
+    assert "trainer.catalog" in edges["infra.config.schema"]
+    assert "infra.cluster.api" in edges["deploy"] or any(
         n.startswith("tfcluster_cli") for n in edges["deploy"]
     )
 
@@ -62,8 +66,8 @@ def test_a_package_import_counts_its_parents() -> None:
     """``import infra.providers.gce.checks`` runs infra/providers/__init__.py
     and infra/providers/gce/__init__.py first: edges to both; a module's own
     packages are no edge (they are running already)."""
-    edges = graph([*modules("infra/providers"), REPO / "infra" / "cluster_base.py"])
-    assert {"infra.providers", "infra.providers.base"} <= set(edges["infra.cluster_base"])
+    edges = graph([*modules("infra/providers"), REPO / "infra" / "cluster" / "base.py"])
+    assert {"infra.providers", "infra.providers.base"} <= set(edges["infra.cluster.base"])
     assert "infra.providers" not in edges["infra.providers.local"]
     assert "infra.providers.base" in edges["infra.providers.gce.provider"]
     assert "infra.providers" not in edges["infra.providers.gce.provider"]
@@ -142,7 +146,9 @@ def test_the_catalog_entries_name_their_fields() -> None:
     calls = [
         node
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Model"
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "Model"
     ]
     assert len(calls) == len(catalog.MODELS)
     assert [ast.unparse(c)[:60] for c in calls if len(c.args) > 1] == []
@@ -154,3 +160,101 @@ def test_the_defaults_are_in_the_catalog() -> None:
     assert catalog.DEFAULT_MODE in [m for m in catalog.MODE_NAMES if catalog.one_process(m)]
     assert not catalog.one_process("sync")
     assert not catalog.one_process("no-such-mode") and not catalog.one_process(None)
+
+
+# -- folders that are layers ----------------------------------------------------
+
+# Each package's rooms, lowest first: a module imports only from its own room
+# or from rooms below it. A room is a folder or a top-level module; each
+# folder's docstring (its __init__.py) says what it owns and what it may
+# import. A new folder takes its place here, or the test below fails.
+LAYERS = {
+    "infra": [
+        ("infra.errors", "infra.text"),
+        ("infra.spec",),
+        ("infra.storage",),
+        ("infra.config",),
+        ("infra.state",),
+        ("infra.transport",),
+        ("infra.node",),
+        ("infra.bucket",),
+        ("infra.providers",),
+        ("infra.setup",),
+        ("infra.jobs",),
+        ("infra.cluster",),
+        ("infra.sweeps",),
+        ("infra.reports",),
+    ],
+    "trainer": [
+        ("trainer.errors", "trainer.options", "trainer.imports"),
+        ("trainer.layers",),
+        ("trainer.catalog", "trainer.flags"),
+        ("trainer.data",),
+        ("trainer.models",),
+        ("trainer.loop",),
+        ("trainer.distribution",),
+        ("trainer.modes",),
+        ("trainer.training", "trainer.run", "trainer.__main__"),
+    ],
+}
+MAX_MODULES_PER_FOLDER = 13
+
+
+def layer_of(module: str, layers: Sequence[tuple[str, ...]]) -> int | None:
+    for index, rooms in enumerate(layers):
+        if any(module == room or module.startswith(room + ".") for room in rooms):
+            return index
+    return None
+
+
+def upward_imports(
+    edges: Mapping[str, Mapping[str, int]], layers: Sequence[tuple[str, ...]]
+) -> list[str]:
+    found = []
+    for module, targets in edges.items():
+        here = layer_of(module, layers)
+        for target, line in targets.items():
+            there = layer_of(target, layers)
+            if here is not None and there is not None and there > here:
+                found.append(f"{module} (line {line}) imports {target}, a higher layer")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_the_layers_import_only_downwards(package: str) -> None:
+    edges = graph(modules(package))
+    assert upward_imports(edges, LAYERS[package]) == []
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_every_room_is_a_layer(package: str) -> None:
+    """Every module of the package has its place in the order (a new
+    folder or top-level module is placed on purpose), and every room
+    named exists."""
+    names = {module_name(p) for p in modules(package)} - {package}
+    assert [n for n in sorted(names) if layer_of(n, LAYERS[package]) is None] == []
+    rooms = [room for rooms in LAYERS[package] for room in rooms]
+    assert [room for room in rooms if room not in names] == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    layers = [("a.low",), ("a.mid",), ("a.high",)]
+    edges = {"a.low.x": {"a.high.y": 3}, "a.mid.z": {"a.low.x": 1}, "a.high.y": {}}
+    assert upward_imports(edges, layers) == ["a.low.x (line 3) imports a.high.y, a higher layer"]
+
+
+def _folders() -> list[Path]:
+    return sorted(
+        init.parent
+        for package in LAYERS
+        for init in (REPO / package).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    )
+
+
+@pytest.mark.parametrize("folder", _folders(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_each_folder_says_what_it_owns_and_stays_small(folder: Path) -> None:
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8")))
+    assert doc and len(doc.split()) >= 15, f"{folder}: say what this folder owns"
+    own = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+    assert len(own) <= MAX_MODULES_PER_FOLDER, f"{folder}: {len(own)} modules; split it in rooms"

@@ -13,16 +13,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.import_graph import REPO, imports
+from tests.import_graph import REPO, imports, module_name
 from tests.import_graph import modules as _modules
 
 DOC = REPO / "docs" / "architecture.md"
 
 # What infra imports from the trainer: its catalog, its progress protocol
-# and (infra/sweep.py, for the names of swept flags) its argparse flags.
+# and (infra/sweeps/run.py, for the names of swept flags) its argparse flags.
 # All three are plain Python; test_infra_reads_no_tensorflow_through_the_trainer
 # keeps them so.
-INFRA_MAY_IMPORT_FROM_TRAINER = {"trainer.catalog", "trainer.progress", "trainer.flags"}
+INFRA_MAY_IMPORT_FROM_TRAINER = {"trainer.catalog", "trainer.loop.progress", "trainer.flags"}
 TENSORFLOW = ("tensorflow", "keras")
 
 
@@ -78,36 +78,35 @@ def test_infra_never_imports_tensorflow() -> None:
     assert violations("infra", TENSORFLOW) == []
 
 
-def test_only_the_gce_and_storage_packages_import_google() -> None:
+def test_only_the_gce_storage_and_bucket_packages_import_google() -> None:
     # The product: the library, the trainer, the CLI and the examples.
     # (Tests drive the real clients, and bench/up.py loads one before timing.)
-    gce = REPO / "infra" / "providers" / "gce"
-    storage = REPO / "infra" / "storage"
+    allowed = [REPO / "infra" / name for name in ("providers/gce", "storage", "bucket")]
     found = [
         v
         for folder in ("infra", "trainer", "examples")
         for v in violations(folder, ("google",))
-        if not (REPO / v.split(" ")[0]).is_relative_to(gce)
-        and not (REPO / v.split(" ")[0]).is_relative_to(storage)
+        if not any((REPO / v.split(" ")[0]).is_relative_to(folder) for folder in allowed)
     ]
     found += [f"deploy.py imports {n}" for n in imports(REPO / "deploy.py") if _under(n, "google")]
     assert found == []
     # Each its own service: Compute in gce/, Cloud Storage in storage/.
     assert violations("infra/providers/gce", ("google.cloud.storage",)) == []
     assert violations("infra/storage", ("google.cloud.compute_v1",)) == []
+    assert violations("infra/bucket", ("google.cloud.compute_v1",)) == []
 
 
 def test_the_nodes_storage_code_needs_nothing_but_itself() -> None:
     """infra/storage/ goes to the nodes (CODE_PATHS), which have no
     pydantic and no rest of infra: the uploader and what it imports stay
     within the package's node-safe modules and Google's client."""
-    node_safe = {"infra.storage", "infra.storage._gcs", "infra.storage.transfer",
-                 "infra.storage.urls", "infra.storage.uploader"}  # fmt: skip
-    for name in node_safe - {"infra.storage"}:
-        path = REPO.joinpath(*name.split(".")).with_suffix(".py")
+    paths = _modules("infra/storage")
+    node_safe = {"infra", *(module_name(p) for p in paths)}
+    assert {"infra.storage.uploader", "infra.storage.transfer"} <= node_safe
+    for path in paths:
         for imported in imports(path):
             if _under(imported, "infra"):
-                assert imported in node_safe, f"{name} imports {imported}"
+                assert imported in node_safe, f"{path.name} imports {imported}"
             assert not _under(imported, "pydantic") and not _under(imported, "yaml"), imported
 
 
@@ -141,7 +140,7 @@ def test_infra_reads_no_tensorflow_through_the_trainer() -> None:
 
 
 def test_the_trainer_never_imports_infra() -> None:
-    """Only trainer/ is synced to the nodes (infra/sync.py's CODE_PATHS)."""
+    """Only trainer/ is synced to the nodes (infra/setup/sync.py's CODE_PATHS)."""
     assert violations("trainer", ("infra", "deploy")) == []
 
 
@@ -153,6 +152,6 @@ def test_the_import_reader_sees_lazy_and_submodule_imports() -> None:
     """The rules above are only as good as ``imports``."""
     here = REPO / "infra" / "providers" / "gce" / "provider.py"
     names = imports(here)
-    assert "infra.remote" in names  # imported inside a method
+    assert "infra.transport.ssh" in names  # imported inside a method
     assert "infra.providers.gce.checks" in names  # `from infra.providers.gce import checks`
-    assert "trainer.catalog" in imports(REPO / "infra" / "config_schema.py")
+    assert "trainer.catalog" in imports(REPO / "infra" / "config" / "schema.py")

@@ -1,4 +1,4 @@
-"""Autostop (infra/autostop.py): durations, bad input, the provider's say,
+"""Autostop (infra/cluster/autostop.py): durations, bad input, the provider's say,
 the parser on recorded node output, and the watcher's idle decision run for
 real (bash, real task processes) with its poweroff caught by a stand-in
 ``sudo``. The docker e2e (tests/docker/test_cost_e2e.py) powers real nodes
@@ -19,14 +19,15 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import autostop, autostop_commands, commands, facts
-from infra.autostop import ClusterIdle, summarize
-from infra.autostop_commands import BUSY_LEASE_S
-from infra.commands import board_layout
-from infra.config import ClusterConfig
-from infra.durations import DurationError, format_duration, parse_duration
+from infra.cluster import autostop
+from infra.cluster.autostop import ClusterIdle, summarize
+from infra.config.durations import DurationError, format_duration, parse_duration
+from infra.config.loader import ClusterConfig
+from infra.node import autostop_commands, commands, facts
+from infra.node.autostop_commands import BUSY_LEASE_S
+from infra.node.commands import board_layout
 from infra.providers.local import LocalTransport
-from infra.transport import NodeLayout
+from infra.transport.base import NodeLayout
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
@@ -364,8 +365,8 @@ def test_a_busy_hold_renews_its_mark_and_clears_it(
 def test_a_guest_shutdown_leaves_the_instance_terminated(
     fake_gce: FakeGce, gce_config: Callable[..., ClusterConfig], tmp_path: Path
 ) -> None:
-    from infra.cluster import Cluster
-    from infra.state import ClusterState
+    from infra.cluster.api import Cluster
+    from infra.state.folder import ClusterState
 
     config = gce_config(nodes=["pc-1", "pc-2"], roles={"ps": [], "chief": "pc-1",
                         "worker": ["pc-2"]}, job={"mode": "sync"})  # fmt: skip

@@ -282,8 +282,8 @@ def test_each_sweep_trial_lands_in_the_bucket(fake: FakeGcs, tmp_path: Path) -> 
 
 
 def test_report_and_tensorboard_of_a_run_in_the_bucket(fake: FakeGcs, tmp_path: Path) -> None:
-    from infra.cluster import Cluster
-    from infra.config import load_config
+    from infra.cluster.api import Cluster
+    from infra.config.loader import load_config
 
     fake.create_bucket("tfc-runs")
     summary = {"run_id": "r1", "model": "cnn", "mode": "async", "workers": 2, "steps": 20,
@@ -446,8 +446,8 @@ def test_an_endpoint_that_never_answers_is_one_line_not_a_bug() -> None:
 
     from google.cloud.storage.retry import DEFAULT_RETRY
 
+    from infra.bucket.client import errors
     from infra.errors import ProviderError
-    from infra.storage.client import errors
     from infra.storage.transfer import make_client
 
     with socket.socket() as s:

@@ -24,8 +24,8 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster import Cluster
-from infra.config import load_config
+from infra.cluster.api import Cluster
+from infra.config.loader import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30

@@ -24,12 +24,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from infra.cluster import Cluster
-from infra.config import parse_config
-from infra.keys import ensure_key_pair
-from infra.setup import install_plan
-from infra.setup_commands import MARKER, install_command
-from infra.state import ClusterState
+from infra.cluster.api import Cluster
+from infra.config.loader import parse_config
+from infra.setup.commands import MARKER, install_command
+from infra.setup.nodes import install_plan
+from infra.state.folder import ClusterState
+from infra.state.keys import ensure_key_pair
 from tests.hostile_node import FakeNode, fake_node
 from tests.procs import none_left_in, processes_in
 

@@ -1,4 +1,4 @@
-"""The code a job started with (infra/code_snapshot.py), on a real SSH
+"""The code a job started with (infra/setup/code_snapshot.py), on a real SSH
 node running the commands in a folder here (tests/sync_node.py): a launch
 records what it synced; a recovery, which restarts the job without
 syncing, first checks that every recorded file is still as it was, and
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import code_snapshot
 from infra.errors import StateError
-from infra.setup import setup_nodes, sync_nodes
-from infra.setup_facts import CodeCheck, parse_code_check
+from infra.setup import code_snapshot
+from infra.setup.facts import CodeCheck, parse_code_check
+from infra.setup.nodes import setup_nodes, sync_nodes
 from tests.sync_node import sync_node
 
 HINT = "`deploy.py train --resume` goes on"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import commands, facts
-from infra.transport import NodeLayout
+from infra.node import commands, facts
+from infra.transport.base import NodeLayout
 from tests.procs import runs
 
 STAND_IN = '''

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import default_config, load_config, parse_config
+from infra.config.loader import default_config, load_config, parse_config
 from infra.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_sync_mode_needs_no_ps() -> None:
 def test_roles_without_a_ps_have_none_whatever_job_mode_says(roles: dict[str, object]) -> None:
     """roles: naming no ps means no ps task (run, status); the async
     default of job.mode is `train`'s to refuse, in one line."""
-    from infra.cluster import Cluster
+    from infra.cluster.api import Cluster
 
     config = parse_config({"name": "x", "roles": roles}, source="c.yaml")
     assert config.roles.ps == [] and config.job.mode == "async"

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.config import load_config, parse_config
+from infra.config.loader import load_config, parse_config
 from infra.errors import ConfigError
 
 # A YAML bomb or a quadratic parse would hang or eat memory for far longer
@@ -222,9 +222,9 @@ def test_a_final_newline_is_no_part_of_a_name() -> None:
     """`deploy.py sweep --env $'touch\\n=1'` ran `touch` on the node: the
     key's final newline passed `^...$` and broke the start script's line.
     Every name check anchors at the very end of the text."""
-    from infra.config import check_env_name
-    from infra.job_spec import is_run_id
+    from infra.config.loader import check_env_name
     from infra.providers.gce.checks import _METADATA_KEY
+    from infra.spec.job import is_run_id
 
     assert check_env_name("touch\n") is not None
     assert not is_run_id("run-1\n")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from infra.config import SshConfig, parse_config
+from infra.config.loader import SshConfig, parse_config
 from infra.errors import ConfigError
 from infra.providers.gce.config import GceConfig
 

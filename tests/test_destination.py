@@ -1,4 +1,4 @@
-"""infra/destination.py: a place the results cannot come home to is refused
+"""infra/jobs/destination.py: a place the results cannot come home to is refused
 before a job starts, and told as what it is."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.cluster import Cluster
-from infra.config import default_config
-from infra.destination import check_destination
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config
 from infra.errors import ConfigError
+from infra.jobs.destination import check_destination
 
 
 def test_a_link_to_a_file_is_a_file_in_the_way_not_a_broken_link(tmp_path: Path) -> None:

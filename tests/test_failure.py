@@ -1,4 +1,4 @@
-"""A failed task's log in a few lines (infra/failure.py), on a recorded
+"""A failed task's log in a few lines (infra/jobs/failure.py), on a recorded
 Keras 3 failure whose exception prints a whole batch; and the hint for a
 strategy that does not fit the job's tasks."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.failure import LINE_CHARS, TAIL_LINES, condense, strategy_hint
+from infra.jobs.failure import LINE_CHARS, TAIL_LINES, condense, strategy_hint
 
 RECORDED = Path(__file__).parent / "recorded"
 

@@ -1,4 +1,4 @@
-"""infra.fanout: one function over many nodes, each node's outcome apart."""
+"""infra.transport.fanout: one function over many nodes, each node's outcome apart."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from infra.errors import RemoteError
-from infra.fanout import fan_out
+from infra.transport.fanout import fan_out
 
 
 def test_results_and_errors_per_node_in_the_nodes_order() -> None:
@@ -45,7 +45,7 @@ def test_an_interrupt_returns_at_once_and_ends_the_workers_waits() -> None:
     # Issue 26: a worker waiting minutes (a node's host keys, its SSH) must
     # neither hold the interrupted caller nor go on waiting after it. The
     # signal lands on a worker thread, as the kernel may deliver it.
-    from infra.fanout import Cancelled, pause
+    from infra.transport.fanout import Cancelled, pause
 
     waiting = threading.Barrier(3, timeout=10)
     cancelled: list[str] = []

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from google.cloud import compute_v1
 
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
 from infra.providers.gce import GceProvider
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]

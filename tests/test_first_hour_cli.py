@@ -175,7 +175,7 @@ def test_a_warning_piped_is_one_whole_line(workdir: Path) -> None:
 def test_a_sweeps_shell_script_reads_the_trials_variable(tmp_path: Path) -> None:
     """`bash -c '... "${LR}"'`, as the README writes it: "${LR}" is the
     shell's, not a placeholder {LR} without its --param (it was refused)."""
-    from infra.sweep_spec import command_spec, parse_params
+    from infra.sweeps.spec import command_spec, parse_params
 
     script = 'echo "${LR} {lr}" > "$TFCLUSTER_RUN_DIR/lr.txt"'
     spec = command_spec(["bash", "-c", script], parse_params(["lr=0.1,0.01"]))

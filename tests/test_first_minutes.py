@@ -27,11 +27,11 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import COMPLETE_VAR, cli
-from infra.cluster import Cluster
-from infra.config import parse_config
-from infra.facts import tensorboard_port
-from infra.report import compute_rows, load_runs, plot_figure
-from infra.transport import free_local_port, wanted_local_port
+from infra.cluster.api import Cluster
+from infra.config.loader import parse_config
+from infra.node.facts import tensorboard_port
+from infra.reports.compare import compute_rows, load_runs, plot_figure
+from infra.transport.base import free_local_port, wanted_local_port
 from tests.fake_gce import FakeGce
 from tests.procs import processes_in
 
@@ -314,7 +314,7 @@ def test_report_says_why_there_is_no_speedup(tmp_path: Path) -> None:
 
 
 def test_loss_plot_marks_the_final_test_accuracy() -> None:
-    from trainer.outputs import loss_figure
+    from trainer.loop.outputs import loss_figure
 
     lines = [{"step": s, "loss": 1.0 / s, "accuracy": 0.5 + s / 40} for s in (1, 10, 20)]
     fig = loss_figure(lines, "cnn (async)", {"test_accuracy": 0.9712})
@@ -451,9 +451,9 @@ def test_pyproject_asks_compatible_ranges_whose_floor_is_the_tested_pin() -> Non
 
 
 def test_nodes_install_the_default_requirements_with_the_constraints(tmp_path: Path) -> None:
-    from infra.setup import install_plan
-    from infra.setup_commands import install_command
-    from infra.transport import NodeLayout
+    from infra.setup.commands import install_command
+    from infra.setup.nodes import install_plan
+    from infra.transport.base import NodeLayout
 
     layout = NodeLayout(root="tf", code="tf/code", python="tf/venv/bin/python", runs="tf/runs",
                         logs="tf/logs")  # fmt: skip
@@ -466,7 +466,7 @@ def test_nodes_install_the_default_requirements_with_the_constraints(tmp_path: P
     own = tmp_path / "reqs.txt"
     own.write_text("tensorflow-cpu==2.20.0\n")
     (tmp_path / "c.yaml").write_text(f"name: x\nsetup:\n  requirements: {own}\n")
-    from infra.config import load_config
+    from infra.config.loader import load_config
 
     assert install_plan(load_config(tmp_path / "c.yaml")).constraints == ""
 
@@ -491,10 +491,11 @@ def test_a_second_tensorboard_leaves_the_first_one_running(tmp_path: Path) -> No
     name) under it, leaving a dead URL. It is refused in one line, and the
     first one's task (here a stand-in process under TensorBoard's task
     name, its command's lock held as that command holds it) runs on."""
-    from infra import commands, tensorboard
-    from infra.cluster import Cluster
-    from infra.config import default_config
-    from infra.lock import ClusterLock
+    from infra.cluster.api import Cluster
+    from infra.config.loader import default_config
+    from infra.jobs import tensorboard
+    from infra.node import commands
+    from infra.state.lock import ClusterLock
 
     workdir = tmp_path / "work"
     workdir.mkdir()

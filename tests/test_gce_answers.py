@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
 from infra.errors import CapacityError, ConfigError, ProviderError
 from infra.providers.base import NodeState
 from infra.providers.gce import GceProvider
 from infra.providers.gce import checks as gce_checks
 from infra.providers.gce import errors as gce_errors
-from infra.providers.gce import price_table as pricing
-from infra.state import ClusterState
+from infra.providers.gce.pricing import table as pricing
+from infra.state.folder import ClusterState
 from tests.fake_gce import FakeGce
 from tests.fake_gce import catalog as fake_catalog
 

@@ -320,7 +320,7 @@ def test_bad_configs_are_one_line_with_their_exit_code(
 @pytest.mark.parametrize(
     "gce",
     [
-        {"zones": ["us-central1"]},  # the file's schema (infra/config.py)
+        {"zones": ["us-central1"]},  # the file's schema (infra/config/loader.py)
         {"labels": {"Team": "ml"}},  # the provider's own checks, once the file has loaded
         {"image": "debian-12"},
         {"accelerator": {"type": "nvidia-tesla-t4"}, "image": DLVM},

@@ -20,11 +20,11 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.config import load_config
+from infra.config.loader import load_config
 from infra.providers.gce import GceProvider
 from infra.providers.gce._google import compute_v1
 from infra.providers.gce.api import _last
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]

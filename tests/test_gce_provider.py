@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
 from infra.errors import (
     CapacityError,
     ConfigError,
@@ -27,11 +27,11 @@ from infra.errors import (
     ProviderError,
     StateError,
 )
-from infra.hostkeys import HostKeys
 from infra.providers.base import Node, NodeState
 from infra.providers.gce import CLUSTER_LABEL, GceProvider, RetryPolicy
-from infra.providers.gce import price_table as pricing
-from infra.state import ClusterState
+from infra.providers.gce.pricing import table as pricing
+from infra.state.folder import ClusterState
+from infra.transport.host_keys import HostKeys
 from tests.fake_gce import Call, FakeGce
 from tests.fake_gce import catalog as fake_catalog
 from tests.fake_gce.sshd import LoopbackBackend, LoopbackSshd, key_line
@@ -795,7 +795,7 @@ def test_ctrl_c_while_the_batch_is_still_starting_stops_what_already_started(
 def test_transport_reaches_the_nodes_at_their_external_ips(
     fake_gce: FakeGce, make_provider: MakeProvider
 ) -> None:
-    from infra.remote import SshTarget, SshTransport
+    from infra.transport.ssh import SshTarget, SshTransport
 
     provider = make_provider(ssh={"port": 2022})
     nodes = up(provider, ["pc-1", "pc-2"])
@@ -827,7 +827,7 @@ def test_unknown_machine_type_has_no_cost_and_says_why(
     fake_gce: FakeGce, make_provider: MakeProvider, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A machine type GCE offers but price_table.py does not know.
+    # A machine type GCE offers but pricing/table.py does not know.
     monkeypatch.setitem(
         fake_catalog.MACHINE_TYPES, "us-central1-a",
         (*fake_catalog.MACHINE_TYPES["us-central1-a"], "z9-mega-7"),
@@ -1033,8 +1033,8 @@ def loopback_provider(make_provider: MakeProvider) -> Callable[..., GceProvider]
 def test_published_host_keys_are_pinned_per_instance_id_before_the_first_connection(
     loopback_gce: tuple[FakeGce, LoopbackBackend], loopback_provider: Callable[..., GceProvider]
 ) -> None:
-    from infra.hostkeys import forget_host
-    from infra.remote import SshTransport
+    from infra.transport.host_keys import forget_host
+    from infra.transport.ssh import SshTransport
 
     fake, backend = loopback_gce
     served = paramiko.ECDSAKey.generate()
@@ -1147,7 +1147,7 @@ def test_hostile_guest_attributes_are_not_pinned(
 def test_unreadable_published_keys_are_skipped_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from infra.hostkeys import parse_host_keys
+    from infra.transport.host_keys import parse_host_keys
 
     good = paramiko.ECDSAKey.generate()
     hostile = [

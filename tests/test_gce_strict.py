@@ -11,12 +11,12 @@ from typing import Any, cast
 import pytest
 from google.cloud import compute_v1
 
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
 from infra.errors import ConfigError
 from infra.providers.base import NodeState
 from infra.providers.gce import _STATES, GceProvider
 from infra.providers.gce import checks as gce_checks
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
@@ -114,7 +114,7 @@ def test_a_g2_node_fails_over_from_a_zone_without_g2(
     assert metadata["install-nvidia-driver"] == "True"
     assert inst["disks"][0]["diskSizeGb"] == "50"
     # The cost counts the 50 GB disk, also from a provider that did not create it.
-    from infra.providers.gce import price_table as pricing
+    from infra.providers.gce.pricing import table as pricing
 
     again = make_provider(gce={
         "zones": ["us-central1-f", "us-central1-a"], "machine_type": "g2-standard-4",
@@ -381,7 +381,7 @@ def test_the_gpu_example_passes_the_checks_and_comes_up_on_the_fake(
 ) -> None:
     from pathlib import Path
 
-    from infra.config import load_config
+    from infra.config.loader import load_config
     from infra.providers.gce.config import gce_config
 
     example = load_config(Path(__file__).parents[1] / "examples" / "gce-gpu.yaml")

@@ -1,6 +1,6 @@
 """GPU nodes that really use their GPUs, and a node image's own TensorFlow
-(issue 18): the commands of infra/commands.py run by real bash, their
-parsers (infra/facts.py) on recorded output, and setup's use of both."""
+(issue 18): the commands of infra/node/commands.py run by real bash, their
+parsers (infra/node/facts.py) on recorded output, and setup's use of both."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from infra import commands
-from infra.config import ClusterConfig, parse_config
+from infra.config.loader import ClusterConfig, parse_config
 from infra.errors import RemoteError
-from infra.facts import GpuCheck, parse_gpu_check, parse_system_tensorflow
-from infra.install import _image_tensorflow
+from infra.node import commands
+from infra.node.facts import GpuCheck, parse_gpu_check, parse_system_tensorflow
 from infra.providers.local import LocalTransport
-from infra.setup import _check_gpus, expected_gpus, install_plan
-from infra.setup_commands import install_command, probe_command
-from infra.setup_report import NodeSetup
-from infra.transport import NodeLayout
+from infra.setup.commands import install_command, probe_command
+from infra.setup.install import _image_tensorflow
+from infra.setup.nodes import _check_gpus, expected_gpus, install_plan
+from infra.setup.report import NodeSetup
+from infra.transport.base import NodeLayout
 
 RECORDED = Path(__file__).parent / "recorded"
 DLVM = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
@@ -169,7 +169,7 @@ def test_tasks_on_gpu_nodes_are_told_to_require_a_gpu(tmp_path: Path) -> None:
     """The trainer's --require-gpu by environment (trainer/flags.py): set for
     every task of a cluster whose nodes have GPUs, and only there."""
     from infra.providers.base import get_provider
-    from infra.state import ClusterState
+    from infra.state.folder import ClusterState
 
     def env(config: ClusterConfig) -> dict[str, str]:
         return get_provider(config, ClusterState(config.name, home=tmp_path)).task_env()

@@ -1,5 +1,5 @@
-"""`status` shows a node's GPUs: the nvidia-smi query (infra/commands.py)
-run by real bash, its parser (infra/facts.py) on recorded output, and the
+"""`status` shows a node's GPUs: the nvidia-smi query (infra/node/commands.py)
+run by real bash, its parser (infra/node/facts.py) on recorded output, and the
 column of `deploy.py status` on the local provider.
 
 No GPU here: where nvidia-smi must answer, a script of that name on PATH
@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import commands, facts
-from infra.facts import Gpu
+from infra.node import commands, facts
+from infra.node.facts import Gpu
 from tfcluster_cli.render import gpus_text as _gpus
 
 RECORDED = Path(__file__).parent / "recorded"

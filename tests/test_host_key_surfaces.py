@@ -26,18 +26,18 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import commands
-from infra.cluster import Cluster
-from infra.config import parse_config
+from infra.cluster.api import Cluster
+from infra.config.loader import parse_config
 from infra.errors import HostKeyChanged, RemoteError, UnsafeRemoteEntry
-from infra.job import Job
-from infra.job_spec import JobSpec, Program
-from infra.keys import ensure_key_pair
+from infra.jobs.job import Job
+from infra.node import commands
 from infra.providers.base import Node
 from infra.providers.ssh import SshProvider
-from infra.remote import SshTarget, SshTransport
-from infra.tfconfig import TaskSpec
-from infra.transport import Transport
+from infra.spec.job import JobSpec, Program
+from infra.spec.tfconfig import TaskSpec
+from infra.state.keys import ensure_key_pair
+from infra.transport.base import Transport
+from infra.transport.ssh import SshTarget, SshTransport
 from tests.hostile_node import FILE, FakeNode, fake_node
 
 NAME = "hk"

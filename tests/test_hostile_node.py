@@ -20,9 +20,14 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from infra.config import ClusterConfig, parse_config
+from infra.config.loader import ClusterConfig, parse_config
 from infra.errors import ConfigError, FetchLimitExceeded, HostKeyChanged, UnsafeRemoteEntry
-from infra.fetch import (
+from infra.jobs.job import Job
+from infra.spec.job import JobRecord, JobSpec, Program
+from infra.spec.tfconfig import TaskSpec
+from infra.state.folder import ClusterState
+from infra.state.keys import ensure_key_pair
+from infra.transport.fetch import (
     STAGING_PREFIX,
     FetchLimits,
     StagingWatch,
@@ -31,12 +36,7 @@ from infra.fetch import (
     rsync_fetch_args,
     run_watched,
 )
-from infra.job import Job
-from infra.job_spec import JobRecord, JobSpec, Program
-from infra.keys import ensure_key_pair
-from infra.remote import SshTarget, SshTransport
-from infra.state import ClusterState
-from infra.tfconfig import TaskSpec
+from infra.transport.ssh import SshTarget, SshTransport
 from tests.hostile_node import (
     CHAR,
     CONTENT,
@@ -316,7 +316,7 @@ def test_a_run_id_that_is_not_a_folder_name_is_refused(run_id: object) -> None:
 
 
 def test_a_run_id_from_new_run_id_reads_back() -> None:
-    from infra.job_spec import new_run_id
+    from infra.spec.job import new_run_id
 
     run_id = new_run_id("mnist-async")
     chief = {"type": "chief", "index": 0, "node": "pc-1", "host": "10.0.0.1", "port": 2224}

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from infra.cluster import Cluster
-from infra.config import ClusterConfig
-from infra.state import ClusterState
-from infra.tfconfig import tf_config_json
+from infra.cluster.api import Cluster
+from infra.config.loader import ClusterConfig
+from infra.spec.tfconfig import tf_config_json
+from infra.state.folder import ClusterState
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]

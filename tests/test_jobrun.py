@@ -1,4 +1,4 @@
-"""A job's life through the library alone (infra/jobrun.py), as a notebook
+"""A job's life through the library alone (infra/jobs/run.py), as a notebook
 would drive it: no click, no deploy.py. A stand-in program (no TensorFlow)
 on the embedded local cluster; afterwards no process of the job is left."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.cluster import Cluster
-from infra.config import default_config
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config
 from infra.errors import ConfigError, JobFailed
-from infra.job import Job
-from infra.jobrun import JobReporter
-from infra.progress import ProgressEvent
+from infra.jobs.job import Job
+from infra.jobs.progress import ProgressEvent
+from infra.jobs.run import JobReporter
 from tests.procs import none_left_in
 
 REPO = Path(__file__).resolve().parents[1]

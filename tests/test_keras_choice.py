@@ -1,4 +1,4 @@
-"""Which Keras a user's program gets as tf.keras (infra/keras_choice.py):
+"""Which Keras a user's program gets as tf.keras (infra/jobs/keras_choice.py):
 Keras 2 for a main file written for tf.keras the tutorials' way, Keras 3
 for one that imports keras, the user's own TF_USE_LEGACY_KERAS always."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.keras_choice import LEGACY_ENV, legacy_keras, main_file
+from infra.jobs.keras_choice import LEGACY_ENV, legacy_keras, main_file
 
 TUTORIAL = "import tensorflow as tf\nmodel = tf.keras.Sequential([])\n"
 

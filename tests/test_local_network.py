@@ -26,12 +26,12 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster import Cluster
-from infra.config import load_config
+from infra.cluster.api import Cluster
+from infra.config.loader import load_config
 from infra.errors import JobFailed
-from infra.job import Job
-from infra.jobrun import JobReporter
-from infra.progress import ProgressEvent
+from infra.jobs.job import Job
+from infra.jobs.progress import ProgressEvent
+from infra.jobs.run import JobReporter
 from infra.providers.local import LocalProvider
 from infra.providers.local_network import NOT_CONFINED_EXIT, Holder, TaskNetwork
 from tests.procs import none_left_in

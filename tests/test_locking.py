@@ -22,12 +22,12 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster import Cluster
-from infra.config import ClusterConfig, default_config
+from infra.cluster.api import Cluster
+from infra.config.loader import ClusterConfig, default_config
 from infra.errors import StateError
-from infra.keys import ensure_key_pair
-from infra.lock import LOCK_WAIT_ENV, ClusterLock
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
+from infra.state.keys import ensure_key_pair
+from infra.state.lock import LOCK_WAIT_ENV, ClusterLock
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
@@ -47,8 +47,8 @@ def held_elsewhere(command: str = "train") -> Iterator[subprocess.Popen[str]]:
     """The local cluster's lock, held by another process until the block ends."""
     code = (
         "import sys\n"
-        "from infra.lock import ClusterLock\n"
-        "from infra.state import ClusterState\n"
+        "from infra.state.lock import ClusterLock\n"
+        "from infra.state.folder import ClusterState\n"
         "lock = ClusterLock(ClusterState('local').lock_file, 'local')\n"
         "with lock.hold(sys.argv[1], wait=0):\n"
         "    print('held', flush=True)\n"

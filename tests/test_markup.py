@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 import deploy
 from deploy import cli
-from infra.cluster import NodeView
-from infra.facts import Gpu, GpuReport, parse_tail
-from infra.progress import ProgressEvent, describe, summary_text
+from infra.cluster.api import NodeView
+from infra.jobs.progress import ProgressEvent, describe, summary_text
+from infra.node.facts import Gpu, GpuReport, parse_tail
 from infra.text import node_text
 from tfcluster_cli import consoles, errors, progress_view, render
 
@@ -235,7 +235,7 @@ LOG_LINES = MARKUP + [raw for raw, _ in HOSTILE.values()]
 def test_logs_print_node_lines_without_controls(tfcluster_home: Path) -> None:
     code, out = invoke("up")
     assert code == 0, out
-    # Where the local provider keeps a task's log (infra/commands.py _files).
+    # Where the local provider keeps a task's log (infra/node/commands.py _files).
     logs = tfcluster_home / "clusters" / "local" / "nodes" / "pc-1" / "tfcluster" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # Text, and raw bytes that are no UTF-8 (an 8-bit CSI among them).
@@ -338,9 +338,9 @@ def test_logs_follow_gives_clean_lines(
 ) -> None:
     """The --follow path (a stream per node, headers parsed as they come):
     the same files, read by a tail that ends instead of following."""
-    from infra import commands
-    from infra.cluster import Cluster
-    from infra.config import default_config
+    from infra.cluster.api import Cluster
+    from infra.config.loader import default_config
+    from infra.node import commands
 
     assert invoke("up")[0] == 0
     logs = tfcluster_home / "clusters" / "local" / "nodes" / "pc-2" / "tfcluster" / "logs"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from infra.progress import ProgressEvent, StartupClock, describe, format_seconds, parse_line
-from trainer.progress import STARTUP_ENV
+from infra.jobs.progress import ProgressEvent, StartupClock, describe, format_seconds, parse_line
+from trainer.loop.progress import STARTUP_ENV
 
 RECORDED = """\
 2026-11-22 21:00:01 INFO loading MNIST from /data/mnist

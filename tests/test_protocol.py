@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from infra.cluster import Cluster
-from infra.config import default_config
-from infra.jobrun import JobReporter
-from infra.progress import describe
-from infra.protocol import SCHEMAS, ProgressEvent, parse_line
-from infra.sweep_trial import line_metrics
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config
+from infra.jobs.progress import describe
+from infra.jobs.protocol import SCHEMAS, ProgressEvent, parse_line
+from infra.jobs.run import JobReporter
+from infra.sweeps.trial import line_metrics
 from tests.procs import none_left_in
 from tfcluster_cli import consoles
 from tfcluster_cli.progress_view import TrainView
@@ -132,7 +132,7 @@ def test_a_run_summary_is_typed_where_it_is_read_and_kept_whole() -> None:
 
 
 def test_every_kind_the_trainer_writes_has_a_schema() -> None:
-    from trainer.progress import Progress
+    from trainer.loop.progress import Progress
 
     assert {name for name in vars(Progress) if not name.startswith("_")} - {
         "emit",

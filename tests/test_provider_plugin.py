@@ -32,13 +32,13 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.support.loopback import free_ports
 from deploy import cli
-from infra import provider_registry as providers
-from infra.config import ClusterConfig
-from infra.keys import ensure_key_pair
+from infra.config import providers
+from infra.config.loader import ClusterConfig
 from infra.providers.base import Capabilities, Node, NodeProvider, NodeState, login_key
 from infra.providers.local import LocalTransport
-from infra.setup_commands import MARKER
-from infra.transport import Transport
+from infra.setup.commands import MARKER
+from infra.state.keys import ensure_key_pair
+from infra.transport.base import Transport
 from tests.hostile_node import FakeNode
 
 # The checkout: the probes below run there, as `python -m` would.
@@ -242,8 +242,8 @@ def test_the_local_cluster_never_loads_another_provider() -> None:
     """The registry imports a provider only when a cluster names it."""
     probe = (
         "import sys\n"
-        "from infra.cluster import Cluster\n"
-        "from infra.config import default_config\n"
+        "from infra.cluster.api import Cluster\n"
+        "from infra.config.loader import default_config\n"
         "Cluster(default_config()).provider.non_terminated_nodes()\n"
         "print(sorted(m for m in sys.modules if m.startswith(('google', 'infra.providers.'))))\n"
     )
@@ -261,8 +261,8 @@ def test_validating_a_gce_config_loads_no_google_code() -> None:
     problems, its GPUs): the Compute client loads only for an API call."""
     probe = (
         "import sys\n"
-        "from infra.config import load_config\n"
-        "from infra.setup import expected_gpus\n"
+        "from infra.config.loader import load_config\n"
+        "from infra.setup.nodes import expected_gpus\n"
         "print(expected_gpus(load_config('examples/gce-gpu.yaml')))\n"
         "print(sorted(m for m in sys.modules if m.startswith('google')))\n"
     )
@@ -301,7 +301,7 @@ class ToySshProvider(ToyProvider):
         return nodes
 
     def transport(self, nodes: Sequence[Node]) -> Transport:
-        from infra.remote import SshTarget, SshTransport
+        from infra.transport.ssh import SshTarget, SshTransport
 
         key_file, _ = login_key(self.config, self.state)
         return SshTransport(

@@ -52,9 +52,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.data import Split, read_split_tf
+from trainer.data.mnist import Split, read_split_tf
 from trainer.flags import Config
-from trainer.inputs import index_batches
+from trainer.data.inputs import index_batches
 from trainer.models.base import Batch, Evaluation, Phase
 
 

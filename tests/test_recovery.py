@@ -1,4 +1,4 @@
-"""Recovery during a job (infra/recovery.py): the decisions, from what the
+"""Recovery during a job (infra/jobs/recovery.py): the decisions, from what the
 provider reports, and the bounded wait for capacity against the fake GCE
 (its real client, no docker). The docker e2e (tests/docker/test_cost_e2e.py)
 preempts a node mid-job and sees the job finish."""
@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from infra.cluster import Cluster
-from infra.cluster_jobs import CANCELLED
-from infra.config import ClusterConfig
+from infra.cluster.api import Cluster
+from infra.config.loader import ClusterConfig
 from infra.errors import CapacityError, JobFailed
-from infra.job import Job
-from infra.job_spec import JobRecord, JobSpec, Program, trainer_program
+from infra.jobs.job import Job
+from infra.jobs.recovery import ABSENT, Policy, Recovery, critical, decide, lost_nodes, resumed
 from infra.providers.base import Node, NodeState
-from infra.recovery import ABSENT, Policy, Recovery, critical, decide, lost_nodes, resumed
-from infra.state import ClusterState
-from infra.tfconfig import TaskSpec
+from infra.spec.job import CANCELLED, JobRecord, JobSpec, Program, trainer_program
+from infra.spec.tfconfig import TaskSpec
+from infra.state.folder import ClusterState
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]

@@ -12,12 +12,12 @@ import paramiko
 import pytest
 from paramiko.ssh_exception import AuthenticationException, NoValidConnectionsError
 
-from infra.config import parse_config
+from infra.config.loader import parse_config
 from infra.errors import HostKeyChanged, RemoteError
-from infra.hostkeys import PinningPolicy, forget_host, known_hosts_name
-from infra.remote import SshTarget, SshTransport, combine_errors
-from infra.ssh_connections import connect_error
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
+from infra.transport.host_keys import PinningPolicy, forget_host, known_hosts_name
+from infra.transport.ssh import SshTarget, SshTransport, combine_errors
+from infra.transport.ssh_connections import connect_error
 
 TARGET = SshTarget("pc-2", "10.0.0.7", 2202)
 KEY = Path("/keys/id_ed25519")
@@ -142,7 +142,7 @@ def _free_port() -> int:
 def _transport(tmp_path: Path, port: int, **ssh: object) -> SshTransport:
     key = tmp_path / "id_ed25519"
     if not key.exists():
-        from infra.keys import ensure_key_pair
+        from infra.state.keys import ensure_key_pair
 
         ensure_key_pair(key, "test")
     state = ClusterState("t", home=tmp_path)
@@ -166,7 +166,7 @@ def test_wait_ready_names_nodes_that_never_came_up(tmp_path: Path) -> None:
 
 def test_unknown_host_fails_at_once(tmp_path: Path) -> None:
     state = ClusterState("t", home=tmp_path)
-    from infra.keys import ensure_key_pair
+    from infra.state.keys import ensure_key_pair
 
     ensure_key_pair(tmp_path / "k", "test")
     transport = SshTransport(

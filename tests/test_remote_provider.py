@@ -11,13 +11,13 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster import Cluster
-from infra.config import parse_config
+from infra.cluster.api import Cluster
+from infra.config.loader import parse_config
 from infra.errors import ProviderError, StateError
 from infra.providers.base import NodeState, get_provider
 from infra.providers.ssh import SshProvider
-from infra.remote import SshTransport
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
+from infra.transport.ssh import SshTransport
 
 
 def _free_port() -> int:

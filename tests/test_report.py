@@ -11,7 +11,7 @@ import matplotlib.image
 import pytest
 from click.testing import CliRunner
 
-from infra.report import ReportError, compute_rows, load_run, load_runs, write_plot
+from infra.reports.compare import ReportError, compute_rows, load_run, load_runs, write_plot
 
 
 def make_run(
@@ -184,7 +184,7 @@ def test_a_layers_runs_hostile_placement_is_shown_not_a_crash(tmp_path: Path) ->
 def test_names_in_the_plot_are_not_mathtext(tmp_path: Path) -> None:
     from matplotlib.text import Text
 
-    from infra.report import literal_text, plot_figure
+    from infra.reports.compare import literal_text, plot_figure
 
     with literal_text():
         fig = plot_figure(load_runs(_hostile_runs(tmp_path)))

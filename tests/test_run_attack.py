@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from infra.cluster import Cluster
-from infra.config import default_config
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config
 from infra.errors import ConfigError, Interrupted, RemoteError, StateError
-from infra.job import Job
-from infra.job_spec import JobSpec, Program
+from infra.jobs.job import Job
 from infra.providers.local import LocalTransport
-from infra.state import ClusterState
-from infra.tfconfig import TaskSpec
-from infra.transport import CommandResult
-from infra.workdir import WorkdirFilter
+from infra.setup.workdir import WorkdirFilter
+from infra.spec.job import JobSpec, Program
+from infra.spec.tfconfig import TaskSpec
+from infra.state.folder import ClusterState
+from infra.transport.base import CommandResult
 from tests.test_run_local import deploy, workdir
 
 __all__ = ["workdir"]  # the fixture, imported to be used here

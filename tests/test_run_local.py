@@ -22,12 +22,12 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import facts
-from infra.autostop_commands import autostop_status
-from infra.cluster import Cluster
-from infra.config import default_config
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config
 from infra.errors import JobFailed, StateError
-from infra.progress import ProgressEvent
+from infra.jobs.progress import ProgressEvent
+from infra.node import facts
+from infra.node.autostop_commands import autostop_status
 from infra.providers.local import LocalTransport
 from tests.procs import none_left_in, processes_in, runs
 

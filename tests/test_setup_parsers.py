@@ -1,4 +1,4 @@
-"""infra.setup without nodes: the plan, the fingerprint, the commands'
+"""infra.setup.nodes without nodes: the plan, the fingerprint, the commands'
 text, and the parsers on recorded outputs (tests/recorded/)."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import parse_config
+from infra.config.loader import parse_config
 from infra.errors import ConfigError
-from infra.install import InstallPlan, gpu_requirements
-from infra.setup import install_plan
-from infra.setup_commands import (
+from infra.setup.commands import (
     apply_command,
     compare_command,
     install_command,
     probe_command,
     rsync_args,
 )
-from infra.setup_facts import parse_compare, parse_install, parse_listing, parse_probe, parse_rsync
-from infra.setup_report import NodeSetup, SetupReport
-from infra.sync import (
+from infra.setup.facts import parse_compare, parse_install, parse_listing, parse_probe, parse_rsync
+from infra.setup.install import InstallPlan, gpu_requirements
+from infra.setup.nodes import install_plan
+from infra.setup.report import NodeSetup, SetupReport
+from infra.setup.sync import (
     CODE_PATHS,
     SyncItem,
     expand_vars,
@@ -33,7 +33,7 @@ from infra.sync import (
     manifest_text,
     sync_items,
 )
-from infra.transport import NodeLayout
+from infra.transport.base import NodeLayout
 
 RECORDED = Path(__file__).parent / "recorded"
 LAYOUT = NodeLayout(
@@ -205,7 +205,7 @@ def test_marker_cli_matches_the_plan(tmp_path: Path) -> None:
         [sys.executable, "-m", "tfcluster_cli.compose", "marker", "--config", str(config)],
         capture_output=True, text=True, check=True, cwd=repo,
     ).stdout.strip()  # fmt: skip
-    from infra.config import load_config
+    from infra.config.loader import load_config
 
     plan = install_plan(load_config(config))
     assert plan.wheels == (("numpy-2.0.0-cp311-cp311-linux_x86_64.whl", 18),)

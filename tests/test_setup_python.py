@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.config import parse_config
-from infra.setup import install_plan
-from infra.setup_commands import MARKER, install_command
-from infra.setup_facts import parse_install
-from infra.transport import NodeLayout
+from infra.config.loader import parse_config
+from infra.setup.commands import MARKER, install_command
+from infra.setup.facts import parse_install
+from infra.setup.nodes import install_plan
+from infra.transport.base import NodeLayout
 
 
 def test_the_venv_is_made_by_setup_python(tmp_path: Path) -> None:

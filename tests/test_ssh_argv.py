@@ -19,10 +19,10 @@ from paramiko.common import (  # defined here; paramiko re-exports them, its stu
     OPEN_SUCCEEDED,
 )
 
-from infra.config import parse_config
-from infra.keys import ensure_key_pair
-from infra.remote import SshTarget, SshTransport
-from infra.state import ClusterState
+from infra.config.loader import parse_config
+from infra.state.folder import ClusterState
+from infra.state.keys import ensure_key_pair
+from infra.transport.ssh import SshTarget, SshTransport
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client")
 

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster import Cluster
-from infra.config import default_config
-from infra.job import Job
-from infra.job_spec import JobRecord, JobSpec, Program
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config
+from infra.jobs.job import Job
 from infra.providers.local import LocalTransport
-from infra.state import ClusterState
-from infra.tfconfig import TaskSpec
+from infra.spec.job import JobRecord, JobSpec, Program
+from infra.spec.tfconfig import TaskSpec
+from infra.state.folder import ClusterState
 
 
 def run(*args: str) -> tuple[int, str]:

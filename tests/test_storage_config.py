@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infra.config import parse_config
+from infra.config.loader import parse_config
 from infra.errors import ConfigError
 from infra.storage.urls import GsUrl, relative_name, run_id_problem
 

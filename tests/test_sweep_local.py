@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import facts
 from infra.errors import ConfigError
-from infra.sweep_spec import command_spec, grid, parse_params, substitute, trainer_spec
+from infra.node import facts
+from infra.sweeps.spec import command_spec, grid, parse_params, substitute, trainer_spec
 from tests.procs import none_left_in, processes_in
 
 REPO = Path(__file__).resolve().parents[1]

@@ -171,7 +171,7 @@ def test_the_plot_of_a_sweep_of_many_parameters_stays_a_picture(tmp_path: Path) 
     first MAX_PANELS are plotted."""
     import struct
 
-    from infra.sweep_report import MAX_PANELS
+    from infra.reports.sweeps import MAX_PANELS
 
     names = [f"p{i}" for i in range(30)]
     folder = tmp_path / "sweep"

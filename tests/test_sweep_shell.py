@@ -1,4 +1,4 @@
-"""A sweep value in shell code (infra/sweep_shell.py): in a POSIX shell's
+"""A sweep value in shell code (infra/sweeps/shell.py): in a POSIX shell's
 script it arrives as data (run here with real shells and a hostile value);
 in shell code tfcluster cannot quote for it is refused, one line, before
 anything runs. Each form below once ran `--param x='0.1; touch pwned'`."""
@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from deploy import cli
 from infra.errors import ConfigError
-from infra.sweep_spec import command_spec, parse_params, substitute
+from infra.sweeps.spec import command_spec, parse_params, substitute
 
 HOSTILE = "0.1; touch pwned; $(touch pwned2) `touch pwned3` \"; touch pwned4; \""
 

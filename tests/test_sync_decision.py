@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.setup_commands import rsync_args
-from infra.setup_facts import Comparison, SyncStats, parse_rsync
-from infra.sync import SyncItem, local_manifest, sync_decision, workdir_item
+from infra.setup.commands import rsync_args
+from infra.setup.facts import Comparison, SyncStats, parse_rsync
+from infra.setup.sync import SyncItem, local_manifest, sync_decision, workdir_item
 
 
 def test_send_what_changed_delete_what_is_gone_and_nothing_else(tmp_path: Path) -> None:

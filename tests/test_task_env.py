@@ -1,5 +1,5 @@
 """The user's environment values reach the tasks through a file only the
-user can read, never a command line (infra/task_env.py): while a job
+user can read, never a command line (infra/node/task_env.py): while a job
 starts and runs, no process's /proc/PID/cmdline holds them, and the task
 sees them, literally."""
 
@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra import commands, facts, task_env
+from infra.node import commands, facts, task_env
 from infra.providers.local import LocalTransport
-from infra.transport import NodeLayout
+from infra.transport.base import NodeLayout
 from tests.procs import CmdlineWatch, none_left_in
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The one filter of TensorFlow's load-time log (infra/tf_noise.py), on
+"""The one filter of TensorFlow's load-time log (infra/jobs/tf_noise.py), on
 lines recorded here and quoted from other machines; nothing else of
 TensorFlow's, or of the program's, is taken for it."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tf_noise import is_tf_noise
+from infra.jobs.tf_noise import is_tf_noise
 
 RECORDED = Path(__file__).parent / "recorded"
 

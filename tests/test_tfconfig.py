@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.tfconfig import build_tasks, tf_config, tf_config_json
+from infra.spec.tfconfig import build_tasks, tf_config, tf_config_json
 from trainer.catalog import mode
 
 ROLES = {"ps": ["pc-1"], "chief": ["pc-1"], "worker": ["pc-2", "pc-3", "pc-4"]}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import parse_config
+from infra.config.loader import parse_config
 from infra.errors import RemoteError, StateError
 from infra.providers.local import LocalTransport
-from infra.setup import setup_nodes
+from infra.setup.nodes import setup_nodes
 
 
 def local(tmp_path: Path) -> LocalTransport:

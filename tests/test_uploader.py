@@ -1,6 +1,6 @@
 """The node's uploader (infra/storage/uploader.py) as it runs on a node: a
 real process started by the very shell text a node gets
-(infra/storage/commands.py with real bash), watching a real task, writing
+(infra/bucket/commands.py with real bash), watching a real task, writing
 through the real google-cloud-storage client to the fake Cloud Storage.
 
 A checkpoint lands while the task still runs; the rest once it ended;
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import commands
-from infra.storage import commands as upload_commands
+from infra.bucket import commands as upload_commands
+from infra.node import commands
 from infra.storage.uploader import task_alive
-from infra.transport import NodeLayout
+from infra.transport.base import NodeLayout
 from tests.fake_gcs.server import FakeGcs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""A task's watch (infra/watchdog.py), run for real: bash, real processes,
+"""A task's watch (infra/node/watchdog.py), run for real: bash, real processes,
 a real listening socket for the chief's port. A watch ends its own task
 once the chief has ended (however it ended), and nothing else; it never
 ends a task whose chief it has not seen; it ends with its task."""
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from infra import commands, facts
-from infra.transport import NodeLayout
-from infra.watchdog import Watch, renew_lease
+from infra.node import commands, facts
+from infra.node.watchdog import Watch, renew_lease
+from infra.transport.base import NodeLayout
 from tests.procs import runs
 
 LAYOUT = NodeLayout(
     root="tf", code="tf/code", python=sys.executable, runs="tf/runs", logs="tf/logs"
 )
 CHIEF_PID = "tf/logs/chief-0.pid"
-# The task's end, once its chief has ended, within this (infra/watchdog.py:
+# The task's end, once its chief has ended, within this (infra/node/watchdog.py:
 # a few looks a second apart, then SIGTERM).
 END_S = 10.0
 

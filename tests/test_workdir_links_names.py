@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import parse_config
+from infra.config.loader import parse_config
 from infra.errors import ConfigError
-from infra.setup_commands import probe_command, rsync_args
-from infra.setup_facts import SyncStats, parse_listing
-from infra.sync import (
+from infra.setup.commands import probe_command, rsync_args
+from infra.setup.facts import SyncStats, parse_listing
+from infra.setup.sync import (
     _manifest_sync,
     _under,
     in_sync,
@@ -35,7 +35,7 @@ from infra.sync import (
     sync_to_node,
     workdir_item,
 )
-from infra.transport import NodeLayout
+from infra.transport.base import NodeLayout
 from tests.sync_node import NodeTransport, sync_node
 
 REMOTE = "tfcluster/work"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_config
-from infra.sync import secret_paths, workdir_item
+from infra.config.loader import load_config
+from infra.setup.sync import secret_paths, workdir_item
 
 
 def test_credentials_keys_and_state_are_never_sent(

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.remote import SshTransport
-from infra.sync import _manifest_sync, emptied_dirs, workdir_item
+from infra.setup.sync import _manifest_sync, emptied_dirs, workdir_item
+from infra.transport.ssh import SshTransport
 from tests.sync_node import sync_node
 
 REMOTE = "tfcluster/work"

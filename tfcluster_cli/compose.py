@@ -23,12 +23,12 @@ from dataclasses import asdict
 
 import click
 
-from infra.config import ClusterConfig, load_config
+from infra.config.loader import ClusterConfig, load_config
 from infra.errors import ConfigError
-from infra.hostkeys import forget_host, known_hosts_name
-from infra.keys import cluster_key
-from infra.setup import install_plan
-from infra.state import ClusterState
+from infra.setup.nodes import install_plan
+from infra.state.folder import ClusterState
+from infra.state.keys import cluster_key
+from infra.transport.host_keys import forget_host, known_hosts_name
 
 _CONFIG = click.option("--config", "config_path", required=True, help="the cluster.yaml")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from infra.errors import TfclusterError
-from infra.state import tfcluster_home
+from infra.state.folder import tfcluster_home
 from infra.text import node_text
 from tfcluster_cli import consoles
 

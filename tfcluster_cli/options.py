@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import click
 
-from infra.cluster import Cluster
+from infra.cluster.api import Cluster
 from infra.errors import ConfigError
 
 recover_option = click.option(
@@ -78,7 +78,7 @@ def env_pairs_option(help: str) -> Any:
 
 def duration_option(key: str, text: str) -> int | None:
     """A duration option (``30m``, ``2h``, ``off``) in seconds; None: off."""
-    from infra.durations import DurationError, parse_duration
+    from infra.config.durations import DurationError, parse_duration
 
     try:
         return parse_duration(text)
@@ -97,7 +97,7 @@ def env_option(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-# `run` and `exec`: what infra/tf_noise.py leaves out is shown too.
+# `run` and `exec`: what infra/jobs/tf_noise.py leaves out is shown too.
 raw_option = click.option(
     "--raw",
     is_flag=True,

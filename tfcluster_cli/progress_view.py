@@ -18,13 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.errors import JobFailed
-from infra.job import Job
-from infra.jobrun import JobReporter
-from infra.progress import describe, metrics_text, number
-from infra.protocol import ProgressEvent, parse_line
-from infra.readiness import Waiting
+from infra.jobs.job import Job
+from infra.jobs.progress import describe, metrics_text, number
+from infra.jobs.protocol import ProgressEvent, parse_line
+from infra.jobs.readiness import Waiting
+from infra.jobs.run import JobReporter
+from infra.jobs.tf_noise import is_tf_noise
 from infra.text import node_text
-from infra.tf_noise import is_tf_noise
 from tfcluster_cli import consoles
 from tfcluster_cli.errors import write_debug_log
 from tfcluster_cli.render import cell, params_text
@@ -50,7 +50,7 @@ class TrainView(JobReporter):
         # A user's program: every line of the chief's output is shown, and
         # the other tasks' while they start.
         self.echo = echo
-        # TensorFlow's load-time log too (infra/tf_noise.py).
+        # TensorFlow's load-time log too (infra/jobs/tf_noise.py).
         self.raw = raw
         self.progress: Progress | None = None
         self.task_id: Any = None
@@ -95,7 +95,7 @@ class TrainView(JobReporter):
             consoles.console.print(describe(event), markup=False)
             return
         if event.kind == "start":
-            # Fields are typed (infra/protocol.py): a count or None.
+            # Fields are typed (infra/jobs/protocol.py): a count or None.
             self.task_id = self.progress.add_task(
                 "training", total=event.get("total_steps") or None, detail=""
             )

@@ -15,23 +15,23 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from infra.cluster import Cluster, NodeView
-from infra.cluster_access import JobEnd
-from infra.facts import GpuReport
-from infra.jobrun import JobResult
-from infra.lifecycle import DownPlan, UpPlan
-from infra.progress import summary_text
+from infra.cluster.access import JobEnd
+from infra.cluster.api import Cluster, NodeView
+from infra.cluster.lifecycle import DownPlan, UpPlan
+from infra.jobs.progress import summary_text
+from infra.jobs.run import JobResult
+from infra.node.facts import GpuReport
 from infra.providers.base import Pricing
 from infra.text import node_text
 from tfcluster_cli import consoles
 from tfcluster_cli.provider_words import down_words
 
 if TYPE_CHECKING:
-    from infra.job_spec import JobRecord
+    from infra.bucket.runs import BucketRun
+    from infra.jobs.tensorboard import Board
     from infra.providers.base import Node
-    from infra.setup_report import SetupReport
-    from infra.storage.runs import BucketRun
-    from infra.tensorboard import Board
+    from infra.setup.report import SetupReport
+    from infra.spec.job import JobRecord
 
 
 def print_up_plan(cluster: Cluster, plan: UpPlan, skip_setup: bool) -> None:
@@ -141,7 +141,7 @@ def print_started(cluster: Cluster, nodes: Sequence[Node]) -> None:
 
 
 def print_autostop(after: int | None, nodes: Sequence[str]) -> None:
-    from infra.durations import format_duration
+    from infra.config.durations import format_duration
 
     what = f"stop after {format_duration(after)} idle" if after else "off"
     consoles.console.print(f"autostop {what} on {', '.join(nodes)}", markup=False, soft_wrap=True)
@@ -313,7 +313,7 @@ def params_text(params: dict[str, str]) -> str:
 
 def print_upload_wait(count: int) -> None:
     """``down``/``stop`` wait for the nodes' uploads to the bucket first."""
-    from infra.cluster_bucket import DRAIN_WAIT_S
+    from infra.cluster.bucket import DRAIN_WAIT_S
 
     consoles.console.print(
         f"waiting for {count} upload(s) to the bucket to finish (at most {DRAIN_WAIT_S:.0f} s; "

@@ -15,21 +15,21 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.errors import ConfigError
-from infra.progress import metrics_text, number
+from infra.jobs.progress import metrics_text, number
 from infra.text import node_text
 from tfcluster_cli import consoles
 from tfcluster_cli.render import cell, params_text
 
 if TYPE_CHECKING:
-    from infra.report import Row, Run
+    from infra.reports.compare import Row, Run
 
 
 def print_report(
     run_dirs: tuple[str, ...], plot: Path | None, as_json: bool, metric: str | None
 ) -> None:
     """Runs compared, or, given one sweep folder, its trials."""
-    from infra.report import ReportError, compute_rows, load_runs, write_plot
-    from infra.sweep_report import is_sweep
+    from infra.reports.compare import ReportError, compute_rows, load_runs, write_plot
+    from infra.reports.sweeps import is_sweep
 
     if len(run_dirs) == 1 and is_sweep(run_dirs[0]):
         print_sweep_report(Path(run_dirs[0]), plot, as_json, metric)
@@ -60,8 +60,8 @@ def default_plot(run_dirs: tuple[str, ...]) -> Path:
 
 
 def print_sweep_report(folder: Path, plot: Path | None, as_json: bool, metric: str | None) -> None:
-    from infra.report import ReportError
-    from infra.sweep_report import load_sweep, write_sweep_plot
+    from infra.reports.compare import ReportError
+    from infra.reports.sweeps import load_sweep, write_sweep_plot
 
     try:
         sweep_report = load_sweep(folder, metric)
@@ -110,8 +110,8 @@ def print_sweep_report(folder: Path, plot: Path | None, as_json: bool, metric: s
 def print_run_comparison(runs: list[Run], rows: list[Row], plot: Path) -> None:
     """``report`` of job run folders: their times, speedup and result
     side by side, the speedup's caveat, each ensemble's gain."""
-    from infra.report import speedup_note
-    from infra.sweep_report import ensemble_text
+    from infra.reports.compare import speedup_note
+    from infra.reports.sweeps import ensemble_text
 
     table = Table(title="training time, compared", title_justify="left")
     for column in ("run", "model", "mode", "workers", "steps", "seconds", "ex/s", "speedup"):
@@ -151,7 +151,7 @@ def print_run_comparison(runs: list[Run], rows: list[Row], plot: Path) -> None:
 def print_placement(run: Run) -> None:
     """A ``--mode layers`` run: the devices and the variables each holds,
     and the pipeline's bubble (nothing for another run)."""
-    from infra.placement_report import pipeline_text, placement_rows
+    from infra.reports.placement import pipeline_text, placement_rows
 
     rows = placement_rows(run.summary)
     if not rows:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from infra.cluster import Cluster
+from infra.cluster.api import Cluster
 from infra.errors import ConfigError, Interrupted, JobFailed
 from tfcluster_cli import consoles
 from tfcluster_cli.program import interrupted_by
@@ -19,14 +19,14 @@ from tfcluster_cli.progress_view import SweepView
 from trainer import catalog
 
 if TYPE_CHECKING:
-    from infra.sweep_spec import SweepSpec
+    from infra.sweeps.spec import SweepSpec
 
 
 def run_with_table(
     cluster: Cluster, spec: SweepSpec, *, per_node: int, dest: Path | None, workdir: Path | None
 ) -> None:
     """Run a sweep with a live table of its trials, then say how it went."""
-    from infra.sweep import run_sweep
+    from infra.sweeps.run import run_sweep
 
     # A closed terminal stops the trials too: no record of them is kept
     # for `cancel` or `status` (a job, by contrast, goes on for `logs`).
@@ -81,7 +81,7 @@ def train_sweep(
 ) -> None:
     """``train --sweep``: single-process trainings, one per point of the
     flags' grid, each with ``train``'s other options."""
-    from infra.sweep_spec import parse_params, trainer_spec
+    from infra.sweeps.spec import parse_params, trainer_spec
 
     if not sweep_params:
         raise ConfigError("--trials and --per-node go with --sweep FLAG=V1,V2,...")

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from trainer.distribute import parse_tf_config
+from trainer.distribution.strategy import parse_tf_config
 from trainer.errors import ClusterError, TrainerError
 from trainer.flags import parse_args
-from trainer.progress import Progress
+from trainer.loop.progress import Progress
 
 # Fewest inter-op threads a task of a distributed job gets.
 MIN_INTER_OP_THREADS = 4

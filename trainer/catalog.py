@@ -15,7 +15,7 @@ Each entry names the module that implements it on the TensorFlow side
   entry, and it reads them from ``config.options``.
 * a mode: ``Mode(...)`` below and a module under ``trainer/modes/`` with
   ``MODE``, a ``TrainingMode`` (``trainer/modes/base.py``). Two files; a
-  third (``trainer/distribute.py``) only for a kind of strategy none of
+  third (``trainer/distribution/strategy.py``) only for a kind of strategy none of
   the modes uses yet.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import architectures, stages
-from trainer.architectures import ARCHITECTURES, LayerSpec
+from trainer.layers import architectures, stages
+from trainer.layers.architectures import ARCHITECTURES, LayerSpec
 from trainer.options import (
     Check,
     JobCheck,
@@ -201,7 +201,7 @@ def final_metrics() -> tuple[tuple[str, str, str], ...]:
 
 
 # The kinds of tf.distribute strategy a mode trains under
-# (``trainer/distribute.py``'s ``create_strategy`` makes them).
+# (``trainer/distribution/strategy.py``'s ``create_strategy`` makes them).
 PARAMETER_SERVER = "parameter_server"  # ParameterServerStrategy and a coordinator
 COLLECTIVE = "collective"  # MultiWorkerMirroredStrategy
 LOCAL = "local"  # MirroredStrategy over the local GPUs, else the default

@@ -13,12 +13,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-from trainer import catalog, distribute
-from trainer.data import resolve_data_dir
+from trainer import catalog
+from trainer.data.mnist import resolve_data_dir
+from trainer.distribution import strategy as distribute
 from trainer.errors import ClusterError
 from trainer.flags import Config
 from trainer.imports import import_tensorflow
-from trainer.progress import Progress, Startup
+from trainer.loop.progress import Progress, Startup
 
 # How long an async chief waits for its ps and workers to listen: longer
 # than the orchestrator's own wait (240 s), which stops the job first.
@@ -30,7 +31,7 @@ def run(config: Config, progress: Progress) -> None:
     distribute.check_mode(info, config.mode)
     if config.require_gpu:
         # Before anything slow: a node that cannot use its GPU says so at once.
-        from trainer.accelerators import check_gpus
+        from trainer.distribution.accelerators import check_gpus
 
         check_gpus(required=True)
     if distribute.serves_only(info, config.mode):

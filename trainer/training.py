@@ -22,15 +22,15 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import accelerators, modes, schedules
-from trainer.checkpoints import Checkpoints, State
-from trainer.data import count_examples, load_split
-from trainer.distribute import ClusterInfo
+from trainer import modes
+from trainer.data.mnist import count_examples, load_split
+from trainer.distribution import accelerators
+from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
-from trainer.loop import Monitor, PhaseRun
-from trainer.models import create_task
-from trainer.models.base import Task
-from trainer.outputs import (
+from trainer.loop import schedules
+from trainer.loop.checkpoints import Checkpoints, State
+from trainer.loop.loops import Monitor, PhaseRun
+from trainer.loop.outputs import (
     METRICS_FILE,
     RunLog,
     plot_loss,
@@ -38,8 +38,10 @@ from trainer.outputs import (
     read_metrics,
     write_summary,
 )
-from trainer.progress import Progress, Startup
-from trainer.steps import count_atomically
+from trainer.loop.progress import Progress, Startup
+from trainer.loop.steps import count_atomically
+from trainer.models import create_task
+from trainer.models.base import Task
 
 
 class Training:

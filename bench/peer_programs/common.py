@@ -33,7 +33,7 @@ def parse(description: str) -> argparse.Namespace:
 
 def mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     """The training images (uint8 [N, 28, 28]) and labels (int32 [N])."""
-    from trainer.data import load_split, resolve_data_dir
+    from trainer.data.mnist import load_split, resolve_data_dir
 
     train = load_split(resolve_data_dir(data_dir), "train")
     return train.images, train.labels.astype(np.int32)

@@ -22,8 +22,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from trainer import accelerators  # noqa: E402
-from trainer.data import load_split, resolve_data_dir  # noqa: E402
+from trainer.data.mnist import load_split, resolve_data_dir  # noqa: E402
+from trainer.distribution import accelerators  # noqa: E402
 from trainer.models.classifier import ARCHITECTURES, ClassifierTask  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Jobs of real ``python -m trainer`` processes on loopback, without a cluster.
 
-One process per task, TF_CONFIGs from infra/tfconfig.py, free ports, logs
+One process per task, TF_CONFIGs from infra/spec/tfconfig.py, free ports, logs
 in files, each task pinned to CPUs of its own if asked, and ``stop()`` that
 always kills what it started. No state, no sync, no transport: what the
 trainer's tests and bench/trainer.py measure is the trainer alone (the
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.protocol import ProgressEvent, parse_line
-from infra.tfconfig import TaskSpec, build_tasks, tf_config_json
+from infra.jobs.protocol import ProgressEvent, parse_line
+from infra.spec.tfconfig import TaskSpec, build_tasks, tf_config_json
 from trainer import catalog
 
 # The checkout whose trainer/ the tasks run.

@@ -6,5 +6,5 @@ local (processes on this machine, in a network namespace of their own:
 ``local_network.py``, ``netns_holder.py``). What differs between providers
 is asked of the provider (its ``Capabilities`` and hooks), never of its
 name. Which providers exist, by name, is the registry in
-infra/provider_registry.py, which the config reads.
+infra/config/providers.py, which the config reads.
 """

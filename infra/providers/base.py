@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from infra.config import ClusterConfig
-from infra.keys import cluster_key
-from infra.provider_registry import PROVIDERS, ConfigHooks, provider_class, provider_factory
-from infra.state import ClusterState
+from infra.config.loader import ClusterConfig
+from infra.config.providers import PROVIDERS, ConfigHooks, provider_class, provider_factory
+from infra.state.folder import ClusterState
+from infra.state.keys import cluster_key
 
 if TYPE_CHECKING:
-    from infra.job_spec import Program
-    from infra.storage.config import NodeIdentity
-    from infra.tfconfig import TaskSpec
-    from infra.transport import Transport
+    from infra.config.storage import NodeIdentity
+    from infra.spec.job import Program
+    from infra.spec.tfconfig import TaskSpec
+    from infra.transport.base import Transport
 
 
 class NodeState(enum.StrEnum):
@@ -83,7 +83,7 @@ class Capabilities:
 
     #: Why ``stop`` (and ``start``) refuse; None: the nodes stop with their disks kept.
     cannot_stop: str | None = None
-    #: Why a node may not power itself off (autostop, infra/autostop.py);
+    #: Why a node may not power itself off (autostop, infra/cluster/autostop.py);
     #: None: it may, and a stopped node costs less.
     cannot_self_stop: str | None = "the nodes cannot stop themselves"
     #: Whether ``up`` installs TensorFlow and syncs the code on the nodes
@@ -153,7 +153,7 @@ class NodeProvider(ConfigHooks, ABC):
     def check_config(self) -> None:
         """Refuse (ConfigError) what the provider's cloud would refuse at
         create time; `up` calls it before planning, so a dry run shows it.
-        Raised inside ``infra.config.in_file(self.config)``, the line names
+        Raised inside ``infra.config.loader.in_file(self.config)``, the line names
         cluster.yaml first, as the file's other problems do (gce's does)."""
 
     def check_owner(self) -> None:

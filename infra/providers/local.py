@@ -23,17 +23,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from infra import commands
-from infra.config_base import Strict
+from infra.config.base import Strict
 from infra.errors import JobFailed, RemoteError
+from infra.node import commands
 from infra.providers import local_network
 from infra.providers.base import Capabilities, Node, NodeProvider, NodeState
 from infra.providers.local_network import Holder, TaskNetwork
-from infra.transport import CommandResult, NodeLayout, Transport
+from infra.transport.base import CommandResult, NodeLayout, Transport
 
 if TYPE_CHECKING:
-    from infra.job_spec import Program
-    from infra.tfconfig import TaskSpec
+    from infra.spec.job import Program
+    from infra.spec.tfconfig import TaskSpec
 
 log = logging.getLogger("tfcluster")
 
@@ -309,7 +309,7 @@ class LocalProvider(NodeProvider):
         env["PYTHONPATH"] = str(PROJECT_ROOT)
         done = subprocess.run(
             # The trainer's own flags: it finds the folder as its tasks will.
-            [transport.python, "-m", "trainer.prefetch", *program.argv[3:]],
+            [transport.python, "-m", "trainer.data.prefetch", *program.argv[3:]],
             cwd=transport.home(chief),
             env=env,
             capture_output=True,

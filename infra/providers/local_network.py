@@ -50,7 +50,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.lock import open_lock_file
+from infra.state.lock import open_lock_file
 
 HOLDER = Path(__file__).resolve().with_name("netns_holder.py")
 # Seconds a new namespace may take (an interpreter's start on a busy machine).

@@ -29,10 +29,9 @@ import socket
 import time
 from collections.abc import Sequence
 
-from infra import commands
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
 from infra.errors import ProviderError, RemoteError, StateError
-from infra.fanout import fan_out
+from infra.node import commands
 from infra.providers.base import (
     Capabilities,
     Node,
@@ -41,7 +40,8 @@ from infra.providers.base import (
     login_key,
     remote_root,
 )
-from infra.transport import Transport
+from infra.transport.base import Transport
+from infra.transport.fanout import fan_out
 
 log = logging.getLogger("tfcluster")
 
@@ -191,7 +191,7 @@ class SshProvider(NodeProvider):
     def transport(self, nodes: Sequence[Node]) -> Transport:
         # Imported here: validating cluster.yaml asks this class about its
         # hosts, which needs no SSH stack.
-        from infra.remote import SshTarget, SshTransport
+        from infra.transport.ssh import SshTarget, SshTransport
 
         key_file, _ = login_key(self.config, self.state)
         targets = []

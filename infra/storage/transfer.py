@@ -6,7 +6,7 @@ downloading a folder with every object name checked before anything is
 written.
 
 Used on both sides: by the node's uploader (infra/storage/uploader.py) and by
-this machine's ``fetch``, ``runs``, ``report`` (infra/storage/runs.py).
+this machine's ``fetch``, ``runs``, ``report`` (infra/bucket/runs.py).
 Standard library, google-cloud-storage and ``urls`` only: the nodes run it.
 """
 

@@ -3,7 +3,7 @@
 ``upload`` mirrors one job's run folder into its ``gs://`` folder while
 the job runs, with the node's own credentials (on GCE the metadata
 server). It is started beside the chief (or a sweep trial) as a task of
-its own (``infra/storage/commands.py``: detached, pid file with its start
+its own (``infra/bucket/commands.py``: detached, pid file with its start
 tick), outside the TensorFlow tasks' process groups and namespaces, and:
 
 * every ``--interval`` seconds uploads each new or changed checkpoint
@@ -63,7 +63,7 @@ INDEX = "checkpoint"
 
 def _task_environ(pid_file: Path) -> list[bytes] | None:
     """The environment of the task of ``pid_file`` ("PID TICK", as
-    infra/commands.py writes it) while it runs: that pid, started at that
+    infra/node/commands.py writes it) while it runs: that pid, started at that
     tick (field 22 of /proc/PID/stat), not a zombie, with
     TFCLUSTER_TASK=<its name>; None once it does not."""
     name = pid_file.name.removesuffix(".pid")

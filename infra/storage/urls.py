@@ -18,7 +18,7 @@ from dataclasses import dataclass
 # letter or digit; not an IP address; not starting with "goog", and no
 # "google" in it.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]\Z")
-# A run id as infra/job_spec.py makes it (one folder name).
+# A run id as infra/spec/job.py makes it (one folder name).
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,80}\Z")
 # An object name part: printable, no control characters (GCS refuses
 # carriage returns and line feeds in names).

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ClusterConfig, load_config
-from infra.keys import ensure_key_pair
+from infra.config.loader import ClusterConfig, load_config
 from infra.providers.base import remote_root
-from infra.remote import SshTarget, SshTransport
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
+from infra.state.keys import ensure_key_pair
+from infra.transport.ssh import SshTarget, SshTransport
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -203,7 +203,7 @@ def cluster_root(config_path: Path, home: Path) -> str:
     """The cluster's folder on its nodes as the library names it for the
     state in ``home`` (provider ssh: ``tfcluster/<name>-<id>``, relative to
     the login's home)."""
-    from infra.cluster import Cluster
+    from infra.cluster.api import Cluster
 
     config = load_config(config_path)
     return remote_root(Cluster(config, ClusterState(config.name, home=home)).provider)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_config
+from infra.config.loader import load_config
 from tests.docker.conftest import REPO, ComposeCluster, config_file, wait_for
 
 pytestmark = pytest.mark.docker
@@ -108,8 +108,8 @@ def test_tensorflow_talks_across_containers(
 ) -> None:
     """A TF worker on pc-2 computes for a client on pc-1, over the compose
     network's internal addresses: the image and the network work for TF."""
-    from infra.cluster import Cluster
-    from infra.state import ClusterState
+    from infra.cluster.api import Cluster
+    from infra.state.folder import ClusterState
 
     config = load_config(cluster_yaml)
     cluster = Cluster(config, ClusterState(config.name, home=deploy.home))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from infra.errors import HostKeyChanged, RemoteError
-from infra.hostkeys import forget_host, known_hosts_name
-from infra.remote import SshTarget
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
+from infra.transport.host_keys import forget_host, known_hosts_name
+from infra.transport.ssh import SshTarget
 from tests.docker.conftest import StartNode, free_port, ssh_config, transport_for, write_config
 
 pytestmark = pytest.mark.docker
@@ -77,7 +77,7 @@ def test_host_key_pinned_on_first_contact_and_changed_key_refused(
 def test_auth_failure_is_named(
     tmp_path: Path, bare_image: str, start_node: StartNode, node_key: tuple[Path, str]
 ) -> None:
-    from infra.keys import ensure_key_pair
+    from infra.state.keys import ensure_key_pair
 
     other = tmp_path / "other_key"
     node = start_node(bare_image, authorized=ensure_key_pair(other, "someone-else"))
@@ -203,7 +203,7 @@ def test_lost_connection_is_a_remote_error(
 def test_write_private_is_the_logins_alone_and_whole(
     tmp_path: Path, bare_image: str, start_node: StartNode, node_key: tuple[Path, str]
 ) -> None:
-    """The file of a job's environment values (infra/task_env.py) over SFTP:
+    """The file of a job's environment values (infra/node/task_env.py) over SFTP:
     0600 in a 0700 folder (one that was there, open to all, is closed),
     renamed into place (no temporary file left), written again whole."""
     key = node_key[0]

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import facts
-from infra.autostop_commands import autostop_status
-from infra.transport import NodeLayout
+from infra.node import facts
+from infra.node.autostop_commands import autostop_status
+from infra.transport.base import NodeLayout
 from tests.docker.conftest import REPO, ComposeCluster, cluster_root, config_file
 from tests.procs import CmdlineWatch
 

@@ -1,4 +1,4 @@
-"""infra.setup against real nodes: install idempotency (the marker) and
+"""infra.setup.nodes against real nodes: install idempotency (the marker) and
 incremental sync (rsync, and the manifest fallback)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.setup import install_plan, setup_nodes, sync_nodes
-from infra.sync import CODE_PATHS, PROJECT_ROOT
+from infra.setup.nodes import install_plan, setup_nodes, sync_nodes
+from infra.setup.sync import CODE_PATHS, PROJECT_ROOT
 from tests.docker.conftest import StartNode, ssh_config, transport_for, write_config
 
 pytestmark = pytest.mark.docker
@@ -123,7 +123,7 @@ def test_sync_sends_only_changes(
     if method == "manifest":
         # As on a machine without rsync: hashes compared on the node, a tar of changes.
         monkeypatch.setattr(
-            "infra.remote.SshTransport.has_local_rsync", staticmethod(lambda: False)
+            "infra.transport.ssh.SshTransport.has_local_rsync", staticmethod(lambda: False)
         )
     key = node_key[0]
     data = tmp_path / "data"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tensorboard import TensorBoardTask, serve
+from infra.jobs.tensorboard import TensorBoardTask, serve
 from tests.docker.conftest import StartNode, ssh_config, transport_for, write_config
 
 pytestmark = pytest.mark.docker

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ClusterConfig, parse_config
+from infra.config.loader import ClusterConfig, parse_config
 from tests.fake_gce import FakeGce, Latency
 
 # Small but non-zero: states are observable and operations really overlap.

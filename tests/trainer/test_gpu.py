@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tf_noise import is_tf_noise
+from infra.jobs.tf_noise import is_tf_noise
 from tests.trainer.cluster import REPO, task_env
 from trainer.flags import REQUIRE_GPU_ENV, parse_args
 
@@ -48,7 +48,7 @@ def test_gpu_flags_that_do_not_fit_exit_2(argv: list[str]) -> None:
 
 def trainer_lines(stderr: str) -> list[str]:
     """The trainer's own lines of ``stderr``: TensorFlow's load-time log
-    (infra/tf_noise.py, tested on its recorded lines) left out."""
+    (infra/jobs/tf_noise.py, tested on its recorded lines) left out."""
     return [x for x in stderr.strip().splitlines() if not is_tf_noise(x)]
 
 
@@ -102,7 +102,7 @@ TWO_REPLICAS = textwrap.dedent(
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from trainer.models.base import Phase
-    from trainer.steps import train_calls
+    from trainer.loop.steps import train_calls
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():

@@ -21,13 +21,14 @@ import yaml
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster import Cluster
-from infra.config import default_config, load_config
-from infra.placement_report import pipeline_text, placement_rows
+from infra.cluster.api import Cluster
+from infra.config.loader import default_config, load_config
+from infra.reports.placement import pipeline_text, placement_rows
 from tests.procs import none_left_in, processes_in
 from tests.trainer.cluster import REPO, read_summary, task_env
 from tests.trainer.conftest import StartJob
-from trainer import catalog, stages
+from trainer import catalog
+from trainer.layers import stages
 from trainer.options import values_from_argv
 
 CNN = catalog.model("cnn").layers(catalog.option_defaults())  # type: ignore[misc]
@@ -124,11 +125,11 @@ def test_a_bad_split_is_exit_2_with_one_line_before_any_task_starts(
 
 
 def test_the_model_layer_lists_are_the_built_models_layers() -> None:
-    """trainer/architectures.py (plain Python, read by the launcher) says
+    """trainer/layers/architectures.py (plain Python, read by the launcher) says
     what the Keras models are: their layers' names, call order and sizes."""
-    from trainer import placement
     from trainer.flags import parse_args
     from trainer.models import create_task
+    from trainer.modes import placement
 
     class Calls:
         def __init__(self) -> None:
@@ -159,7 +160,7 @@ def test_the_model_layer_lists_are_the_built_models_layers() -> None:
 def test_a_stage_is_busy_while_any_piece_is_in_it_and_waits_the_rest_of_the_step() -> None:
     import numpy as np
 
-    from trainer.pipeline import StageTiming
+    from trainer.modes.pipeline import StageTiming
 
     timing = StageTiming(2)
     # Stage 0: two pieces forward (overlapping: 0-2), then backward (3-4.5);
@@ -177,7 +178,7 @@ def test_a_stage_is_busy_while_any_piece_is_in_it_and_waits_the_rest_of_the_step
 def test_the_ops_a_gpu_cannot_run_are_listed() -> None:
     import tensorflow as tf
 
-    from trainer.placement import cpu_fallbacks
+    from trainer.modes.placement import cpu_fallbacks
 
     graph = tf.Graph()
     with graph.as_default():

@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from trainer.flags import parse_args
+from trainer.loop.steps import train_calls
 from trainer.models import create_task
 from trainer.models.dae import corrupt
-from trainer.steps import train_calls
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import pkgutil
 
 import pytest
 
-from trainer import catalog, distribute, modes
+from trainer import catalog, modes
+from trainer.distribution import strategy as distribute
 from trainer.modes.base import TrainingMode
 
 HELPERS = {"base"}  # modules of trainer/modes that are no mode

@@ -11,7 +11,7 @@ import pytest
 def test_fused_adam_steps_as_keras_adam(schedule: bool) -> None:
     import keras
 
-    from trainer.optimizers import FusedAdam
+    from trainer.loop.optimizers import FusedAdam
 
     rng = np.random.default_rng(0)
     start = rng.normal(size=(7, 5)).astype(np.float32)

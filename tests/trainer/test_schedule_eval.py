@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.progress import describe, parse_line
+from infra.jobs.progress import describe, parse_line
 from tests.trainer.cluster import LocalJob, read_summary
 from tests.trainer.conftest import StartJob
 from trainer.flags import parse_args
-from trainer.progress import Progress
+from trainer.loop.progress import Progress
 
 TIMEOUT = 600
 
@@ -42,7 +42,7 @@ def test_bad_schedule_or_eval_interval_exits_2(argv: list[str]) -> None:
 
 
 def test_cosine_decays_over_the_phase_to_zero_and_constant_stays() -> None:
-    from trainer import schedules
+    from trainer.loop import schedules
     from trainer.models.base import Phase
 
     phase = Phase("train", 100, 300, [], lambda batch: (batch, {}), ())
@@ -55,8 +55,8 @@ def test_cosine_decays_over_the_phase_to_zero_and_constant_stays() -> None:
 
 
 def test_evaluations_fall_every_interval_and_once_per_crossing(tmp_path: Path) -> None:
-    from trainer.loop import Monitor
-    from trainer.outputs import RunLog
+    from trainer.loop.loops import Monitor
+    from trainer.loop.outputs import RunLog
 
     runlog = RunLog(tmp_path, Progress(io.StringIO()), enabled=False, total_steps=100,
                     examples_per_step=1, start_step=0)  # fmt: skip

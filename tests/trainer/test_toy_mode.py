@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from infra.progress import parse_line
+from infra.jobs.progress import parse_line
 from trainer import catalog
-from trainer.data import Split
+from trainer.data.inputs import index_batches
+from trainer.data.mnist import Split
 from trainer.flags import Config, parse_args
-from trainer.inputs import index_batches
+from trainer.loop.progress import Progress
 from trainer.models.base import Batch, Evaluation, Phase
 from trainer.modes.base import TrainingMode
 from trainer.options import Option, non_negative_int
-from trainer.progress import Progress
 
 # -- the model: this module's create_task, named by its catalog entry ----------
 
@@ -62,7 +62,7 @@ class ToyTask:
     def build_inputs(
         self, data_dir: str, batch_size: int, start_batch: int, key: tf.Tensor
     ) -> tf.data.Dataset:
-        from trainer.data import read_split_tf
+        from trainer.data.mnist import read_split_tf
 
         images, labels = read_split_tf(data_dir, "train")
 

@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib.image
 import pytest
 
-from infra.progress import ProgressEvent
+from infra.jobs.progress import ProgressEvent
 from tests.trainer.cluster import LocalJob, read_summary
 from tests.trainer.conftest import StartJob
 

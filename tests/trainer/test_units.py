@@ -17,13 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra.progress import parse_line
-from infra.tfconfig import TaskSpec, build_tasks, tf_config_json
+from infra.jobs.progress import parse_line
+from infra.spec.tfconfig import TaskSpec, build_tasks, tf_config_json
 from tests.trainer.cluster import REPO, task_env
-from trainer import catalog, data, distribute, patches
+from trainer import catalog
+from trainer.data import mnist as data
+from trainer.data import patches
+from trainer.distribution import strategy as distribute
 from trainer.errors import ClusterError, DataError
 from trainer.flags import parse_args
-from trainer.progress import Progress, Startup, format_event
+from trainer.loop.progress import Progress, Startup, format_event
 
 # -- patch windows -----------------------------------------------------------
 
@@ -77,7 +80,7 @@ def test_cut_gathers_the_same_patches_as_numpy() -> None:
 
 
 def test_index_stream_is_a_permutation_per_epoch_and_resumable() -> None:
-    from trainer.inputs import index_batches, stream_key
+    from trainer.data.inputs import index_batches, stream_key
 
     def take(start: int, count: int, pipeline: int) -> np.ndarray:
         stream = index_batches(12, 4, start, stream_key(7, pipeline))
@@ -94,7 +97,7 @@ def test_index_stream_is_a_permutation_per_epoch_and_resumable() -> None:
 
 WORKER_STREAM = """
 import keras, tensorflow as tf
-from trainer.inputs import index_batches, worker_stream_key
+from trainer.data.inputs import index_batches, worker_stream_key
 keras.utils.set_random_seed(1)  # as every task of a job does
 first = tf.function(
     lambda: next(iter(index_batches(8000, 8, 0, worker_stream_key(1, salt=0))))["index"]
@@ -436,7 +439,7 @@ def test_a_serving_task_imports_the_server_alone() -> None:
     Python API (nor Keras, nor matplotlib), and the server serves."""
     probe = """
 import socket, sys
-from trainer import distribute
+from trainer.distribution import strategy as distribute
 server_lib = distribute.server_module()
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -480,7 +483,7 @@ import keras
 print(hasattr(tf, "distribute"), "keras" in sys.modules, "matplotlib" in sys.modules)
 with kept_out(("json",)):  # already imported: left alone
     import json
-from trainer import outputs
+from trainer.loop import outputs
 outputs.preload_plotting()  # the plot waits for it
 lines = [{{"step": s, "loss": 1.0 / s, "accuracy": 0.5}} for s in (1, 2)]
 outputs.plot_loss(lines, Path({str(tmp_path)!r}) / "loss.png", "t", {{"test_accuracy": 0.5}})
@@ -531,7 +534,7 @@ def test_async_chief_waits_for_its_servers_to_listen() -> None:
 
 
 def test_calls_end_on_every_log_checkpoint_and_average_point() -> None:
-    from trainer.loop import plan_calls
+    from trainer.loop.loops import plan_calls
 
     assert plan_calls(0, 25, 10, [20]) == [10, 10, 5]
     assert plan_calls(0, 25, 10, [7]) == [7, 7, 7, 4]
@@ -542,7 +545,7 @@ def test_calls_end_on_every_log_checkpoint_and_average_point() -> None:
 
 def test_the_first_call_of_a_run_is_one_step() -> None:
     """Its result ends the start-up: one step in, whatever --steps-per-call."""
-    from trainer.loop import first_step_alone, plan_calls
+    from trainer.loop.loops import first_step_alone, plan_calls
 
     assert first_step_alone(plan_calls(0, 25, 10, [20])) == [1, 9, 10, 5]
     assert first_step_alone([1, 10]) == [1, 10]

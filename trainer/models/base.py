@@ -3,7 +3,7 @@
 A ``Task`` (one per model name) builds its Keras model, the training
 ``phases`` (one for plain models; greedy pretraining then fine-tuning for the
 stacked DAE), its per-worker input pipeline and its evaluation. The loop in
-``trainer/loop.py`` knows nothing else about models.
+``trainer/loop/loops.py`` knows nothing else about models.
 
 Losses are pure functions of a batch evaluated inside a Keras
 ``StatelessScope`` that maps every model variable to a tensor value, so the
@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.data import Split
+from trainer.data.mnist import Split
 
 Batch = dict[str, tf.Tensor]
 # (per-example loss [B], batch metrics {name: scalar}) of one batch, training mode.

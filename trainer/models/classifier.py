@@ -20,10 +20,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.architectures import ARCHITECTURES, SIDE, Architecture, classifier_layers
-from trainer.data import Split
+from trainer.data.inputs import index_batches, step_seed
+from trainer.data.mnist import Split
 from trainer.flags import Config
-from trainer.inputs import index_batches, step_seed
+from trainer.layers.architectures import ARCHITECTURES, SIDE, Architecture, classifier_layers
 from trainer.models.base import Batch, Evaluation, Phase
 
 L = keras.layers
@@ -57,7 +57,7 @@ class Classifier(keras.Model):
     def __init__(self, arch: Architecture, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.arch = arch
-        # Named as trainer/architectures.py lists them, in call order.
+        # Named as trainer/layers/architectures.py lists them, in call order.
         names = iter(layer.name for layer in classifier_layers(arch))
         self.features: list[keras.Layer] = []
         for filters, kernel, pool in arch.convs:
@@ -131,7 +131,7 @@ class ClassifierTask:
     ) -> tf.data.Dataset:
         """``shard`` (index, count): only every count-th image from index
         on (an ensemble member's own part of the data)."""
-        from trainer.data import read_split_tf
+        from trainer.data.mnist import read_split_tf
 
         images, labels = read_split_tf(data_dir, "train")
         if shard is not None:

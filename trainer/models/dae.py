@@ -2,7 +2,7 @@
 Chen 2012).
 
 Training examples are the windows of every training image (see
-``trainer/patches.py``): a batch is cut from the images on demand and
+``trainer/data/patches.py``): a batch is cut from the images on demand and
 corrupted with Gaussian or masking noise in the input pipeline; the network
 (patch -> sigmoid hidden -> sigmoid patch) learns to output the clean patch.
 Evaluation corrupts whole held-out test images, denoises each of their
@@ -19,11 +19,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.data import SIDE, Split
+from trainer.data.inputs import index_batches, step_seed
+from trainer.data.mnist import SIDE, Split
+from trainer.data.patches import cut, extract, stitch, windows
 from trainer.flags import Config
-from trainer.inputs import index_batches, step_seed
 from trainer.models.base import Batch, Evaluation, Phase
-from trainer.patches import cut, extract, stitch, windows
 
 L = keras.layers
 SAMPLE_IMAGES = 8
@@ -117,7 +117,7 @@ class DenoisingTask:
     def build_inputs(
         self, data_dir: str, batch_size: int, start_batch: int, key: tf.Tensor
     ) -> tf.data.Dataset:
-        from trainer.data import read_split_tf
+        from trainer.data.mnist import read_split_tf
 
         images, _ = read_split_tf(data_dir, "train")
         corners = tf.constant(self.corners, tf.int32)

@@ -21,10 +21,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer.architectures import sdae_width
+from trainer.data.inputs import step_seed
 from trainer.errors import UsageError
 from trainer.flags import Config
-from trainer.inputs import step_seed
+from trainer.layers.architectures import sdae_width
 from trainer.models.base import Batch, Phase
 from trainer.models.dae import DenoisingTask, psnr, squared_error
 
@@ -34,7 +34,7 @@ L = keras.layers
 class StackedDenoisingAutoencoder(keras.Model):
     def __init__(self, inputs: int, hidden: int, wide: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        # In the order fine-tuning calls them (trainer/architectures.py).
+        # In the order fine-tuning calls them (trainer/layers/architectures.py).
         self.encoder1 = L.Dense(hidden, activation="sigmoid", name="encoder1")
         self.encoder2 = L.Dense(wide, activation="sigmoid", name="encoder2")
         self.decoder2 = L.Dense(hidden, activation="sigmoid", name="decoder2")

@@ -12,7 +12,7 @@ import importlib
 import tensorflow as tf
 
 from trainer import catalog
-from trainer.distribute import ClusterInfo
+from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
 from trainer.modes.base import TrainingMode
 

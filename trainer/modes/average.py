@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import keras
 import tensorflow as tf
 
-from trainer import collectives, distribute
-from trainer.data import Split
+from trainer.data.mnist import Split
+from trainer.distribution import collectives
+from trainer.distribution import strategy as distribute
 from trainer.models.base import Task
 from trainer.modes.base import CollectiveMode
 
 if TYPE_CHECKING:
-    from trainer.checkpoints import State
+    from trainer.loop.checkpoints import State
 
 
 class AverageMode(CollectiveMode):

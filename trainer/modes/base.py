@@ -26,19 +26,21 @@ from typing import TYPE_CHECKING, Any
 import keras
 import tensorflow as tf
 
-from trainer import catalog, collectives, distribute
-from trainer.data import Split
-from trainer.distribute import ClusterInfo
+from trainer import catalog
+from trainer.data.inputs import stream_key
+from trainer.data.mnist import Split
+from trainer.distribution import collectives
+from trainer.distribution import strategy as distribute
+from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
-from trainer.inputs import stream_key
-from trainer.loop import Monitor, PhaseRun, run_synchronous
+from trainer.loop.loops import Monitor, PhaseRun, run_synchronous
+from trainer.loop.optimizers import FusedAdam
+from trainer.loop.schedules import LearningRate
+from trainer.loop.steps import CallResult, train_calls
 from trainer.models.base import Phase, Task
-from trainer.optimizers import FusedAdam
-from trainer.schedules import LearningRate
-from trainer.steps import CallResult, train_calls
 
 if TYPE_CHECKING:
-    from trainer.checkpoints import State
+    from trainer.loop.checkpoints import State
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 Call = Callable[[object, tf.Tensor, tf.Tensor], CallResult]
@@ -111,7 +113,7 @@ class TrainingMode:
 
     def optimizer(self, learning_rate: LearningRate) -> keras.optimizers.Optimizer:
         """A phase's optimizer (before the mixed-precision wrapper): Adam,
-        fused (``trainer/optimizers.py`` says what it saves)."""
+        fused (``trainer/loop/optimizers.py`` says what it saves)."""
         return FusedAdam(learning_rate)
 
     def checkpoint_options(self) -> tf.train.CheckpointOptions | None:

@@ -26,11 +26,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import catalog, distribute
-from trainer.data import Split, load_split
-from trainer.distribute import ClusterInfo
+from trainer import catalog
+from trainer.data.inputs import stream_key
+from trainer.data.mnist import Split, load_split
+from trainer.distribution import strategy as distribute
+from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
-from trainer.inputs import stream_key
 from trainer.models.base import Task
 from trainer.modes.base import CollectiveMode
 

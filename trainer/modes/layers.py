@@ -3,11 +3,11 @@ of consecutive layers of one model.
 
 The workers only serve (``tf.distribute.Server``); the chief connects to
 them (``distribute.connect_to_cluster``) and builds the model with each
-stage's layers on its task (``trainer/placement.py``): their variables and
+stage's layers on its task (``trainer/modes/placement.py``): their variables and
 Adam's slots live there, their forward and backward computation runs
 there, and only activations and their gradients cross between tasks, over
-gRPC (``trainer/pipeline.py``, with ``--micro-batches`` pipelined GPipe
-style). ``trainer/stages.py`` decides the split: one stage per worker,
+gRPC (``trainer/modes/pipeline.py``, with ``--micro-batches`` pipelined GPipe
+style). ``trainer/layers/stages.py`` decides the split: one stage per worker,
 cut where the largest holds the fewest parameter bytes, or ``--stages``,
 or ``--placement``. With ``--devices gpu`` (``cpu``) the stages go to this
 node's GPUs (its CPU split into logical devices) instead of to tasks.
@@ -27,18 +27,21 @@ from typing import TYPE_CHECKING, Any
 import keras
 import tensorflow as tf
 
-from trainer import catalog, distribute, placement, stages
-from trainer.distribute import ClusterInfo
+from trainer import catalog
+from trainer.distribution import strategy as distribute
+from trainer.distribution.strategy import ClusterInfo
 from trainer.errors import ClusterError, NoGpu, UsageError
 from trainer.flags import Config
-from trainer.loop import Monitor, PhaseRun
+from trainer.layers import stages
+from trainer.loop.loops import Monitor, PhaseRun
+from trainer.loop.schedules import LearningRate
 from trainer.models.base import Phase, Task
+from trainer.modes import placement
 from trainer.modes.base import Call, TrainingMode
-from trainer.pipeline import PipelineStep, StageTiming
-from trainer.schedules import LearningRate
+from trainer.modes.pipeline import PipelineStep, StageTiming
 
 if TYPE_CHECKING:
-    from trainer.checkpoints import State
+    from trainer.loop.checkpoints import State
 
 # What a lost task raises in the middle of a step.
 LOST = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)

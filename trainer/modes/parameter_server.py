@@ -15,16 +15,16 @@ import keras
 import tensorflow as tf
 
 from trainer import catalog
-from trainer.distribute import ClusterInfo
+from trainer.data.inputs import worker_stream_key
+from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
-from trainer.inputs import worker_stream_key
-from trainer.loop import Monitor, PhaseRun, run_async
+from trainer.loop.loops import Monitor, PhaseRun, run_async
+from trainer.loop.steps import overlapped_calls, train_calls
 from trainer.models.base import Phase, Task
 from trainer.modes.base import NEVER_RELEASED, Call, DatasetFn, TrainingMode
-from trainer.steps import overlapped_calls, train_calls
 
 if TYPE_CHECKING:
-    from trainer.checkpoints import State
+    from trainer.loop.checkpoints import State
 
 
 class AsyncMode(TrainingMode):

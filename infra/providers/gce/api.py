@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
 from infra.errors import CredentialsError, ProviderError, TfclusterError
 from infra.providers.base import NodeProvider
 from infra.providers.gce._google import auth_exceptions, client_options, compute_v1, requests
@@ -36,7 +36,7 @@ from infra.providers.gce.parallel import (
     _pause,
     parallel,
 )
-from infra.state import ClusterState
+from infra.state.folder import ClusterState
 
 if TYPE_CHECKING:
 

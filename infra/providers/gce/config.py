@@ -1,7 +1,7 @@
 """cluster.yaml's ``gce`` section: the Compute Engine settings of provider
 gce (``GceProvider.config_section``).
 
-infra/config.py adds it to the file's keys when the file names provider gce
+infra/config/loader.py adds it to the file's keys when the file names provider gce
 or has a ``gce`` key, as it does a plug-in's section; a local cluster's
 validation never loads this package. Only pydantic here: the registry may
 import this package to ask what a file says, without Google's client.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from infra.config_base import Strict, show
+from infra.config.base import Strict, show
 from infra.providers.gce.identity import (
     DEFAULT_SCOPES,
     scope_urls,
@@ -23,7 +23,7 @@ from infra.providers.gce.identity import (
 )
 
 if TYPE_CHECKING:
-    from infra.config import ClusterConfig
+    from infra.config.loader import ClusterConfig
 
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]\Z")
 

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from infra.config import in_file
+from infra.config.loader import in_file
 from infra.errors import CapacityError, ConfigError, ProviderError, StateError
 from infra.providers.base import NodeState, login_key
 from infra.providers.gce import checks, identity

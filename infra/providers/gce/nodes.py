@@ -10,11 +10,11 @@ import re
 from collections.abc import Mapping
 
 from infra.errors import ProviderError, StateError
-from infra.hostkeys import HostKeys
 from infra.providers.base import Node, NodeState
 from infra.providers.gce import checks
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, GceApi, _last, _retried
+from infra.transport.host_keys import HostKeys
 
 log = logging.getLogger("tfcluster")
 

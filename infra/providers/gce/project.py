@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import re
 
-from infra.config import in_file
+from infra.config.loader import in_file
 from infra.errors import ConfigError, TfclusterError
 from infra.providers.gce import checks
 from infra.providers.gce._google import api_exceptions, compute_v1

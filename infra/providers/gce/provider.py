@@ -14,20 +14,20 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from infra.config import ClusterConfig
+from infra.config.loader import ClusterConfig
+from infra.config.storage import NodeIdentity
 from infra.errors import ConfigError, StateError
 from infra.providers.base import Capabilities, Node, login_key
 from infra.providers.gce import checks, identity
 from infra.providers.gce.config import GceConfig, gce_config
 from infra.providers.gce.firewall import GceFirewall
 from infra.providers.gce.instances import GceInstances
-from infra.providers.gce.pricing import GcePricing
+from infra.providers.gce.pricing.estimates import GcePricing
 from infra.providers.gce.project import GceProject
-from infra.state import ClusterState
-from infra.storage.config import NodeIdentity
+from infra.state.folder import ClusterState
 
 if TYPE_CHECKING:
-    from infra.transport import Transport
+    from infra.transport.base import Transport
 
 log = logging.getLogger("tfcluster")
 
@@ -79,7 +79,7 @@ class GceProvider(GceInstances, GceFirewall, GceProject, GcePricing):
 
     def transport(self, nodes: Sequence[Node]) -> Transport:
         # Imported here: the SSH stack is not needed to list or create nodes.
-        from infra.remote import SshTarget, SshTransport
+        from infra.transport.ssh import SshTarget, SshTransport
 
         key_file, _ = login_key(self.config, self.state)
         unreachable = [n.name for n in nodes if not (n.ssh_host or n.external_ip)]

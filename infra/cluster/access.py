@@ -1,0 +1,439 @@
+"""Looking into a running cluster by hand: its task logs (once or
+followed), TensorBoard on the chief's run folder, ``exec`` of a command on
+the nodes (which waits for a running job's files as a launch does), a login
+shell on one node, forgetting a node's pinned host key.
+
+A layer of ``Cluster`` (infra/cluster/api.py), on its jobs' (infra/cluster/jobs.py:
+`logs --follow` follows the running job to its end). Nothing here changes the
+nodes, and only the end of a job whose chief has ended takes the cluster's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra.cluster.jobs import ClusterJobs, log_sync
+from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
+from infra.jobs.job import Job
+from infra.node import commands, facts
+from infra.providers.base import Node, NodeState
+from infra.spec.job import JobRecord, is_run_id
+from infra.state.lock import ClusterLock
+from infra.text import node_text
+from infra.transport.base import Transport, wanted_local_port
+from infra.transport.fanout import in_threads
+
+if TYPE_CHECKING:
+    from infra.jobs.tensorboard import Board
+
+log = logging.getLogger("tfcluster")
+
+# How often `logs --follow` asks whether the followed job's chief still runs.
+CHIEF_POLL_S = 2.0
+
+
+class ClusterAccess(ClusterJobs):
+    # -- tensorboard ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def tensorboard(
+        self,
+        run_id: str | None = None,
+        *,
+        local_port: int = 0,
+        exact_port: bool = False,
+        on_starting: Callable[[str], None] = lambda node: None,
+    ) -> Iterator[tuple[Board, Callable[[], None]]]:
+        """TensorBoard on the run folder of ``run_id`` (default: the last
+        job's) on the chief's node (infra/jobs/tensorboard.py), reachable here
+        while the ``with`` lasts: the Board (its ``url``) and a function
+        that returns only when TensorBoard has ended (RemoteError) or on
+        Ctrl-C (KeyboardInterrupt). Stopped on the node at the end.
+        ``on_starting(node)`` once the run and node are checked, before
+        TensorBoard's start (which takes a while). ``local_port`` taken:
+        any free one, unless ``exact_port`` (then a ConfigError, before
+        anything starts)."""
+
+        local_port = wanted_local_port(local_port, exact=exact_port)
+        record = self.last_job()
+        if run_id is not None and run_id.startswith("gs://"):
+            with self._serve_copy(run_id, local_port, on_starting) as served:
+                yield served
+            return
+        if run_id is None and record is None:
+            raise StateError(
+                f"no job has run on {self.config.name} yet: no run folder to show; "
+                "`deploy.py train` starts one"
+            )
+        if run_id is not None and not is_run_id(run_id):
+            raise ConfigError(
+                f"{run_id[:60]!r} is not a run id (lowercase letters, digits and '-'); "
+                "`deploy.py status` names the last job"
+            )
+        chief = record.chief_node if record is not None else self.config.roles.chief[0]
+        node = next(
+            (n for n in self.nodes() if n.name == chief and n.state is NodeState.RUNNING), None
+        )
+        if node is None and self.config.storage is not None:
+            # The nodes are gone (or stopped): the run is in the bucket.
+            run = run_id if run_id is not None else record.run_id if record else ""
+            with self._serve_copy(run, local_port, on_starting) as served:
+                yield served
+            return
+        if node is None:
+            raise StateError(
+                f"{chief}, the chief's node, is not running: the run folders are there; "
+                "`deploy.py start` (or up), or look at a fetched run locally"
+            )
+        # One TensorBoard per cluster at a time: a second `deploy.py
+        # tensorboard` would stop the first one's task (the same task name)
+        # under it, and leave its user a dead URL.
+        board_lock = ClusterLock(self.state.dir / "tensorboard.lock", self.config.name)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(board_lock.hold("tensorboard", wait=0))
+            except StateError:
+                holder = board_lock.holder()
+                raise StateError(
+                    f"TensorBoard is already open for {self.config.name}: "
+                    + (holder.describe() if holder else "another `deploy.py tensorboard`"),
+                    hint="use the URL it printed, or close it (Ctrl-C) first",
+                ) from None
+            with self._serve_board(node, record, run_id, local_port, on_starting) as served:
+                yield served
+
+    @contextlib.contextmanager
+    def _serve_copy(
+        self, run: str, local_port: int, on_starting: Callable[[str], None]
+    ) -> Iterator[tuple[Board, Callable[[], None]]]:
+        """TensorBoard here, on a copy of a run in the cluster's bucket."""
+        from infra.jobs import tensorboard
+        from infra.providers.local import LocalTransport
+
+        folder = self.bucket_copy(run)
+        homes = self.state.dir / "bucket-board"
+        (homes / "here").mkdir(parents=True, exist_ok=True)
+        transport = LocalTransport(["here"], homes)
+        on_starting("this machine")
+        with tensorboard.serve(transport, "here", str(folder), local_port) as board:
+            yield board, functools.partial(tensorboard.watch, transport, board)
+
+    @contextlib.contextmanager
+    def _serve_board(
+        self,
+        node: Node,
+        record: JobRecord | None,
+        run_id: str | None,
+        local_port: int,
+        on_starting: Callable[[str], None],
+    ) -> Iterator[tuple[Board, Callable[[], None]]]:
+        from infra.jobs import tensorboard
+
+        with self.provider.transport([node]) as transport:
+            if run_id is None or (record is not None and run_id == record.run_id):
+                assert record is not None
+                logdir = record.output_dir
+            else:
+                logdir = f"{transport.layout(node.name).runs}/{run_id}"
+            on_starting(node.name)
+            with tensorboard.serve(transport, node.name, logdir, local_port) as board:
+                yield board, functools.partial(tensorboard.watch, transport, board)
+
+    # -- logs ---------------------------------------------------------------------
+
+    def log_nodes(self, node: str | None) -> list[Node]:
+        running = [n for n in self.nodes() if n.state is NodeState.RUNNING]
+        if node is not None:
+            self.require_known(node)
+            running = [n for n in running if n.name == node]
+            if not running:
+                raise StateError(f"{node} is not running; `deploy.py status` shows the nodes")
+        return running
+
+    def logs(
+        self,
+        node: str | None,
+        *,
+        lines: int,
+        follow: bool,
+        on_line: Callable[[str, str, str], None],
+    ) -> JobEnd | None:
+        """Task logs of the running nodes; ``on_line(node, task, line)``.
+        Not silence where there is nothing to show: a StateError (one
+        line) when no node runs, and when no task log exists and no job
+        has run (a fresh cluster). With ``follow``, the logs are followed
+        while the last job runs, and its end (``JobEnd``) returned: at
+        once when it had ended already, else when its chief ends (what a
+        --detach job left running is then stopped, as a job's end does)."""
+        nodes = self.log_nodes(node)
+        if not nodes and self.last_job() is not None:
+            raise StateError(
+                f"no node of {self.config.name} is running: no logs to show "
+                "(`deploy.py status` shows the nodes)"
+            )
+        shown = 0
+
+        def counted(node_name: str, task: str, line: str) -> None:
+            nonlocal shown
+            shown += 1
+            on_line(node_name, task, line)
+
+        record = self.last_job()
+        running = None
+        if follow and record is not None and record.exit_code is None:
+            running = self.running_job()
+            if running is None:  # its chief had ended: the job's end, as below
+                with contextlib.suppress(StateError), self.lock("logs"):
+                    self.running_job(finish=True)
+        # No job known (a state file rebuilt): followed until Ctrl-C, as is.
+        forever = follow and record is None
+        if nodes:
+            with self.provider.transport(nodes) as transport:
+                names = [n.name for n in nodes]
+                if running is not None:
+                    tasks = running.task_specs()
+                    until = {n: [t.name for t in tasks if t.node == n] for n in names}
+                    with self._finish_when_chief_ends(running):
+                        _follow_all(transport, names, lines, counted, until)
+                elif forever:
+                    _follow_all(transport, names, lines, counted, None)
+                else:
+                    for n in names:
+                        result = transport.run(
+                            n, commands.tail_logs(transport.layout(n), lines, False)
+                        )
+                        for task, line in facts.parse_tail(result.stdout):
+                            counted(n, task, line)
+        if not shown and record is None:
+            raise StateError(
+                f"no job has run on {self.config.name} yet: no logs to show; "
+                "`deploy.py train` or `deploy.py run` starts one"
+            )
+        if not follow or record is None:
+            return None
+        return self._job_end(record.run_id, was_running=running is not None)
+
+    @contextlib.contextmanager
+    def _finish_when_chief_ends(self, record: JobRecord) -> Iterator[None]:
+        """While the ``with`` lasts, watch the job's chief; once it has
+        ended, what of the job still runs (a --detach job's ps and workers:
+        nobody else stops them) is stopped and its exit code recorded,
+        under the cluster's lock, as the launch of a next job would. Once
+        more at the end of the ``with`` (the follow ended with the tasks),
+        so that the end is recorded however quickly it came."""
+        job = self.attach(record, require=False)  # here: the provider is asked in this thread
+        if job is None:
+            yield
+            return
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(CHIEF_POLL_S):
+                if self._finish_ended(record, job):
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+        self._finish_ended(record, job)
+
+    def _finish_ended(self, record: JobRecord, job: Job) -> bool:
+        """Whether the job's chief has ended; if so, and nobody recorded the
+        job's end yet, stop what of it still runs and record its code."""
+        try:
+            chief = job.status().get(job.chief.name)
+            if chief is not None and chief.alive:
+                return False
+            with self.lock("logs"):
+                last = self.last_job()
+                # Recorded by its own watcher (which stops the rest itself),
+                # or a newer job: left as it is.
+                if last is None or (last.run_id, last.exit_code) != (record.run_id, None):
+                    return True
+                job.stop([t for t in job.tasks if t is not job.chief])
+                code = chief.exit_code if chief and chief.exit_code is not None else -1
+                self._record_end(record.run_id, code)
+        except (RemoteError, StateError) as exc:
+            log.warning("could not see whether job %s has ended: %s", record.run_id, exc)
+        return True
+
+    def _job_end(self, run_id: str, *, was_running: bool) -> JobEnd:
+        """How the last job ended (its recorded exit code, None if none)."""
+        record = self.last_job()
+        code = record.exit_code if record is not None and record.run_id == run_id else None
+        return JobEnd(run_id, code, ended_now=was_running)
+
+    # -- a command on the nodes ------------------------------------------------------
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        nodes: Sequence[str] | None,
+        *,
+        workdir: Path,
+        on_line: Callable[[str, str], None],
+    ) -> dict[str, int]:
+        """Run ``argv`` on these nodes (default: every running one) in the
+        working folder, all at once; ``on_line(node, line)`` for each line
+        of output. Returns each node's exit code. The folder is synced
+        first, unless a job is running (its files stay as they are)."""
+        if not argv:
+            raise ConfigError("no command to run: put it after --, e.g. -- nvidia-smi")
+        # The lock while the nodes are readied and the folder synced, as a
+        # launch holds it; not while the command runs (a long
+        # `exec -- nvidia-smi -l` must not keep `cancel` out).
+        with self.lock("exec"):
+            names = self._exec_nodes(nodes)
+            transport = self._job_transport(names)
+            if transport.copies_files:
+                from infra.setup.nodes import sync_nodes
+
+                self._wait_ssh(transport)
+                if self.running_job() is not None:
+                    log.warning("a job is running: the working folder is not synced for exec")
+                else:
+                    # The command keeps its node busy itself (its pid
+                    # file); its sync, before it, through a busy mark.
+                    with self.keep_busy(transport, names, "exec"):
+                        log_sync(sync_nodes(transport, self.config, workdir=workdir))
+        codes: dict[str, int] = {}
+        errors: dict[str, RemoteError] = {}
+
+        def one(node: str) -> None:
+            command = commands.in_workdir(
+                transport.layout(node), transport.workdir(node, workdir), argv
+            )
+            try:
+                codes[node] = transport.stream(
+                    node, command, lambda line: on_line(node, node_text(line))
+                )
+            except RemoteError as exc:
+                errors[node] = exc
+
+        with transport:
+            in_threads(one, names)
+        if errors:
+            # Every node ran it; a changed host key then keeps its type
+            # (exit 8: the first in the nodes' order), never one line of many.
+            raise combine_errors({n: errors[n] for n in names if n in errors})
+        return {n: codes[n] for n in names}
+
+    def _exec_nodes(self, nodes: Sequence[str] | None) -> list[str]:
+        """The nodes ``exec`` runs on: the ones named (each a node of the
+        config; the running ones are listed anyway, which refreshes the
+        cached addresses), else every running one."""
+        running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
+        if nodes:
+            for node in nodes:
+                self.require_known(node)
+            return list(dict.fromkeys(nodes))
+        names = [n for n in self.config.nodes if n in running]
+        if not names:
+            raise StateError(f"no node of {self.config.name} is running: run `deploy.py up`")
+        return names
+
+    # -- one node, by hand --------------------------------------------------------
+
+    def forget_host(self, node: str) -> None:
+        """Forget NODE's pinned SSH host key (after it was re-created on
+        purpose): the next connection pins the new one."""
+        from infra.transport.host_keys import forget_host
+
+        self.require_known(node)
+        nodes = {n.name: n for n in self.nodes()}
+        if node not in nodes or not nodes[node].ssh_host:
+            raise ConfigError(f"{node} is not a node of {self.config.name} with an SSH address")
+        forget_host(self.state.known_hosts, nodes[node].ssh_host or "", nodes[node].ssh_port)
+
+    def shell(self, node: str) -> NodeShell:
+        """An interactive login shell on the running ``node``, until it
+        exits; a local node has none (it is a folder on this machine)."""
+        nodes = self.log_nodes(node)
+        with self.provider.transport(nodes) as transport:
+            code = transport.interactive(node)
+            if code is not None:
+                return NodeShell(node, exit_code=code)
+            folder = transport.local_folder(node)
+            if folder is None:
+                raise StateError(f"{node}: no shell can be opened on a {self.provider.kind} node")
+            return NodeShell(node, folder=folder)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """The end of the job `logs --follow` followed: its exit code (None
+    where none is recorded yet) and whether it ended while followed."""
+
+    run_id: str
+    exit_code: int | None
+    ended_now: bool
+
+
+@dataclass(frozen=True)
+class NodeShell:
+    """What ``Cluster.shell`` did: a shell ran (its exit code), or the node
+    is the local ``folder`` (nothing was opened)."""
+
+    node: str
+    exit_code: int = 0
+    folder: Path | None = None
+
+
+def _follow_all(
+    transport: Transport,
+    nodes: Sequence[str],
+    lines: int,
+    on_line: Callable[[str, str, str], None],
+    until: Mapping[str, Sequence[str]] | None,
+) -> None:
+    """Follow every node's logs at once while the ``until`` tasks of each
+    node run (None: until Ctrl-C). What a thread raises
+    is raised here: a changed host key (or a bug) at once; a node lost
+    otherwise is warned about while the others go on, and raised once
+    none is left."""
+    errors: dict[str, BaseException] = {}
+
+    def follow(node: str) -> None:
+        task = ""
+
+        def handle(line: str) -> None:
+            nonlocal task
+            header = facts.tail_header(line)
+            if header is not None:
+                task = header
+            elif line:
+                on_line(node, task, node_text(line))
+
+        try:
+            command = commands.tail_logs(
+                transport.layout(node), lines, True, until[node] if until is not None else None
+            )
+            transport.stream(node, command, handle)
+        except BaseException as exc:  # raised in the caller's thread, below
+            errors[node] = exc
+            if isinstance(exc, RemoteError) and len(nodes) > 1:
+                log.warning("%s; following the other nodes", exc)
+
+    def fatal() -> BaseException | None:
+        # list(): a copy made at once, while other threads may still add.
+        for exc in list(errors.values()):
+            if isinstance(exc, HostKeyChanged) or not isinstance(exc, RemoteError):
+                return exc
+        return None
+
+    in_threads(follow, nodes, fatal)
+    if (exc := fatal()) is not None:
+        raise exc
+    if errors:
+        raise combine_errors({n: e for n in nodes if isinstance(e := errors.get(n), RemoteError)})
