@@ -3,7 +3,12 @@
 ``trainer/catalog.py`` is the one list of modes: each entry names its
 module here, whose ``MODE`` is its ``TrainingMode`` subclass
 (``trainer/modes/base.py``). A new mode is a module here and its entry in
-the catalog."""
+the catalog. ``--mode layers`` (``layers.py``) has two pieces of its own
+beside it: ``placement.py`` builds the model with each layer on its
+stage's device, and ``pipeline.py`` is its pipelined training step.
+
+Imports everything of the trainer below it (loop, distribution, models,
+data, the catalog)."""
 
 from __future__ import annotations
 
