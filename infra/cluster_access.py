@@ -23,7 +23,6 @@ from infra import commands, facts
 from infra.cluster_jobs import ClusterJobs
 from infra.errors import (
     ConfigError,
-    HostKeyChanged,
     JobFailed,
     RemoteError,
     StateError,
@@ -33,9 +32,10 @@ from infra.fanout import in_threads
 from infra.job import Job
 from infra.job_spec import JobRecord, is_run_id
 from infra.lock import ClusterLock
+from infra.log_follow import follow_all
 from infra.providers.base import Node, NodeState
 from infra.text import node_text
-from infra.transport import Transport, wanted_local_port
+from infra.transport import wanted_local_port
 
 if TYPE_CHECKING:
     from infra.tensorboard import Board
@@ -241,9 +241,9 @@ class ClusterAccess(ClusterJobs):
                 tasks = running.task_specs()
                 until = {n: [t.name for t in tasks if t.node == n] for n in names}
                 with self._finish_when_chief_ends(running):
-                    _follow_all(transport, names, lines, on_line, until)
+                    follow_all(transport, names, lines, on_line, until)
             elif forever:
-                _follow_all(transport, names, lines, on_line, None)
+                follow_all(transport, names, lines, on_line, None)
             else:
                 for n in names:
                     result = transport.run(n, commands.tail_logs(transport.layout(n), lines, False))
@@ -407,52 +407,3 @@ class NodeShell:
     node: str
     exit_code: int = 0
     folder: Path | None = None
-
-
-def _follow_all(
-    transport: Transport,
-    nodes: Sequence[str],
-    lines: int,
-    on_line: Callable[[str, str, str], None],
-    until: Mapping[str, Sequence[str]] | None,
-) -> None:
-    """Follow every node's logs at once while the ``until`` tasks of each
-    node run (None: until Ctrl-C). What a thread raises
-    is raised here: a changed host key (or a bug) at once; a node lost
-    otherwise is warned about while the others go on, and raised once
-    none is left."""
-    errors: dict[str, BaseException] = {}
-
-    def follow(node: str) -> None:
-        task = ""
-
-        def handle(line: str) -> None:
-            nonlocal task
-            header = facts.tail_header(line)
-            if header is not None:
-                task = header
-            elif line:
-                on_line(node, task, node_text(line))
-
-        try:
-            command = commands.tail_logs(
-                transport.layout(node), lines, True, until[node] if until is not None else None
-            )
-            transport.stream(node, command, handle)
-        except BaseException as exc:  # raised in the caller's thread, below
-            errors[node] = exc
-            if isinstance(exc, RemoteError) and len(nodes) > 1:
-                log.warning("%s; following the other nodes", exc)
-
-    def fatal() -> BaseException | None:
-        # list(): a copy made at once, while other threads may still add.
-        for exc in list(errors.values()):
-            if isinstance(exc, HostKeyChanged) or not isinstance(exc, RemoteError):
-                return exc
-        return None
-
-    in_threads(follow, nodes, fatal)
-    if (exc := fatal()) is not None:
-        raise exc
-    if errors:
-        raise combine_errors({n: e for n in nodes if isinstance(e := errors.get(n), RemoteError)})
