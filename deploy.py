@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from infra.cluster.access import check_exec
 from infra.cluster.api import Cluster
 from infra.config.loader import ClusterConfig, default_config, load_config
 from infra.errors import Interrupted
@@ -40,7 +41,7 @@ from tfcluster_cli.options import (
 from tfcluster_cli.program import check_arguments, interrupted_by, version
 from tfcluster_cli.progress_view import ExecView, Null, TrainView, log_printer
 from tfcluster_cli.provider_words import down_words
-from tfcluster_cli.reports import print_report
+from tfcluster_cli.reports import report_command
 from tfcluster_cli.sweeps import run_with_table, train_sweep
 from trainer import catalog
 from trainer.loop.progress import process_age
@@ -100,7 +101,12 @@ def up(cluster: Cluster, skip_setup: bool, dry_run: bool, autostop_text: str | N
             autostop="off" if autostop_text is not None and after is None else after,
             on_setup_event=render.print_setup_event,
         )
-    render.print_up_outcome(cluster, plan, nodes, report)
+    # What `up` did not touch (nodes cluster.yaml no longer declares) as
+    # its plan listed them: the table needs no listing of its own. Without
+    # setup, the GPU nodes are not asked: nothing was installed to answer.
+    extras = [n for n in plan.nodes if n.name not in cluster.config.nodes]
+    overview = cluster.overview(ask_gpus=report is not None, nodes=[*nodes, *extras])
+    render.print_up_outcome(plan, nodes, report, overview)
 
 
 @cli.command()
@@ -118,7 +124,7 @@ def status(cluster: Cluster, as_json: bool, all_gpus: bool) -> None:
         views, _ = cluster.status(all_gpus=all_gpus)
         click.echo(json.dumps([v.as_dict() for v in views], indent=2))
         return
-    render.print_status(cluster, all_gpus=all_gpus)
+    render.print_status(cluster.overview(all_gpus=all_gpus))
 
 
 @cli.command()
@@ -126,14 +132,16 @@ def status(cluster: Cluster, as_json: bool, all_gpus: bool) -> None:
 def stop(cluster: Cluster) -> None:
     """Stop the nodes: no compute cost, disks kept (pending uploads to the
     bucket first)."""
-    render.print_stopped(cluster, cluster.stop(on_wait=render.print_upload_wait))
+    stopped = cluster.stop(on_wait=render.print_upload_wait)
+    render.print_stopped(stopped, cluster.overview())
 
 
 @cli.command()
 @pass_cluster
 def start(cluster: Cluster) -> None:
     """Start stopped nodes (their external IPs change)."""
-    render.print_started(cluster, cluster.start())
+    nodes = cluster.start()
+    render.print_started(nodes, cluster.overview())
 
 
 # `down` answered "n": nothing was changed, and a script that runs `down`
@@ -233,6 +241,7 @@ def train(
         **overrides,
     )  # fmt: skip
     render.print_job_outcome(result)
+    result.check()  # a failed job: its error, and its exit code
 
 
 # `run` and `exec`: where COMMAND runs, synced to the nodes first.
@@ -296,6 +305,7 @@ def run(
         recover=not no_recover, reporter=view,
     )  # fmt: skip
     render.print_job_outcome(result)
+    result.check()  # a failed job: its error, and its exit code
 
 
 @cli.command("exec", context_settings={"allow_interspersed_args": False})
@@ -322,7 +332,8 @@ def exec_(
     with the node's name; exits 0 only if COMMAND succeeded everywhere."""
     view = ExecView(raw)
     folder = cluster.workdir(workdir)
-    view.check(cluster.exec(command, list(nodes) or None, workdir=folder, on_line=view.line))
+    codes = cluster.exec(command, list(nodes) or None, workdir=folder, on_line=view.line)
+    check_exec(codes)
 
 
 @cli.command()
@@ -407,7 +418,7 @@ def runs(cluster: Cluster, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in found], indent=2))
         return
-    render.print_bucket_runs(cluster, found)
+    render.print_bucket_runs(cluster.config.name, found)
 
 
 @cli.command()
@@ -447,7 +458,7 @@ def report(
     folders = tuple(
         str(cluster.bucket_copy(r)) if cluster.names_bucket_run(r) else r for r in run_dirs
     )
-    print_report(folders, plot, as_json, metric)
+    report_command(folders, plot, as_json, metric)
 
 
 # -- sweeps ----------------------------------------------------------------------

@@ -12,7 +12,6 @@ import json
 import re
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 import pytest
@@ -20,7 +19,7 @@ from click.testing import CliRunner
 
 import deploy
 from deploy import cli
-from infra.cluster.api import NodeView
+from infra.cluster.api import ClusterOverview, NodeView
 from infra.jobs.progress import ProgressEvent, describe, summary_text
 from infra.node.facts import Gpu, GpuReport, parse_tail
 from infra.text import node_text
@@ -192,14 +191,16 @@ def test_status_table_cells_are_text(
         hourly_usd=None,
         gpus=GpuReport((Gpu("[bold]g[/] a:smile:b", 1024, 1),)),
     )
-    config = SimpleNamespace(name="[/y]", provider="local")
-    cluster = SimpleNamespace(
-        config=config,
-        status=lambda **_: ([view], None),
-        last_job=lambda: None,
-        autostop_status=lambda: None,
+    overview = ClusterOverview(
+        name="[/y]",
+        provider="local",
+        views=[view],
+        hourly_usd=None,
+        price_source=None,
+        idle=None,
+        last_job=None,
     )
-    render.print_status(cluster)  # type: ignore[arg-type]
+    render.print_status(overview)
     out = capsys.readouterr().out
     for text in ("[/y] (local)", "[/x]", "[red]x[/]", "a:smile:b", "a:b:c", "[bold]g[/]"):
         assert text in out

@@ -21,6 +21,7 @@ from infra.providers.base import Node, NodeState
 from infra.spec.job import CANCELLED, JobRecord, JobSpec, Program, trainer_program
 from infra.spec.tfconfig import TaskSpec
 from infra.state.folder import ClusterState
+from infra.state.lock import ClusterLock
 from tests.fake_gce import FakeGce
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
@@ -233,3 +234,34 @@ def test_cancel_during_the_follow_is_not_undone_by_a_lost_node(
     assert fake_gce.instance("pc-1")["status"] == "TERMINATED"
     last = cluster.last_job()
     assert last is not None and last.cancelled and last.exit_code == CANCELLED
+
+
+def test_a_recovery_starts_only_its_lost_nodes_through_the_lifecycles_start(
+    fake_gce: FakeGce, gce_config: Callable[..., ClusterConfig], tmp_path: Path
+) -> None:
+    """``Recovery._start`` is ``Cluster.start`` (as `deploy.py start`) for the
+    nodes it names: those come back running, another stopped node stays as
+    it is, and the setup check runs once they run, under the lock held as
+    "recover" (which `cancel` reads)."""
+    config = gce_config(gce={"preemptible": True}, nodes=["pc-1", "pc-2"], roles={
+        "ps": [], "chief": "pc-1", "worker": ["pc-2"]}, job={"mode": "sync"})  # fmt: skip
+    cluster = Cluster(config, ClusterState(config.name, home=tmp_path))
+    cluster.up(cluster.plan_up(), setup=False)
+    fake_gce.preempt("pc-1")
+    fake_gce.preempt("pc-2")
+    holders: list[str] = []
+
+    class Checked(Recovery):
+        def _set_up(self, nodes: list[Node]) -> None:  # its SSH setup: no sshd in the fake
+            holder = ClusterLock(cluster.state.lock_file, config.name).holder()
+            holders.append(holder.command if holder else "")
+            assert [(n.name, n.state) for n in nodes] == [("pc-1", NodeState.RUNNING)]
+
+    recovery = Checked(
+        cluster, spec_x1(), workdir=None, on_event=lambda e: None, on_log=lambda line: None,
+        on_note=lambda line: None, sleep=lambda s: None,
+    )  # fmt: skip
+    recovery._start(["pc-1"])
+    assert holders == ["recover"]
+    assert fake_gce.instance("pc-1")["status"] == "RUNNING"
+    assert fake_gce.instance("pc-2")["status"] == "TERMINATED"

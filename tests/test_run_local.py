@@ -329,6 +329,49 @@ def test_detached_job_refuses_a_second_one_and_cancel_stops_it(
     assert code == 0 and "nothing to stop" in out
 
 
+def test_a_busy_cluster_refuses_every_job_in_one_way_and_exec_still_runs(
+    workdir: Path, tfcluster_home: Path
+) -> None:
+    """`run`, `train`, `sweep` and `train --sweep` get their nodes through
+    one step (``Cluster.ready_nodes``): with a job running, each is refused
+    with the very same line and hint (exit 3), before anything starts;
+    `exec` goes through the same step without refusing (its command runs
+    beside the job, whose files stay as they are)."""
+    code, out = deploy(
+        "run", "--detach", "--workdir", str(workdir), "--env", "CHIEF_SLEEP=600",
+        "--", "python", "stand_in.py",
+    )  # fmt: skip
+    assert code == 0 and "started" in out, out
+    state = tfcluster_home / "clusters" / "local" / "state.json"
+    record = json.loads(state.read_text())["last_job"]
+    running = processes_in(workdir)
+    try:
+        refused = {
+            "run": deploy("run", "--workdir", str(workdir), "--", "python", "stand_in.py"),
+            "train": deploy("train", "--steps", "5"),
+            "sweep": deploy(
+                "sweep", "--workdir", str(workdir), "--param", "x=1,2", "--", "python", "stand_in.py"
+            ),
+            "train --sweep": deploy("train", "--steps", "5", "--sweep", "learning_rate=0.1,0.01"),
+        }
+        for command, (code, out) in refused.items():
+            assert code == 3, (command, out)
+            assert f"job {record['run_id']}" in out and "still running" in out, (command, out)
+            assert "`deploy.py cancel` stops it" in out, (command, out)
+        assert len({out for _, out in refused.values()}) == 1, refused  # one way, word for word
+        assert json.loads(state.read_text())["last_job"] == record
+        assert set(running) <= set(processes_in(workdir))
+        assert not list((Path("runs") / "local").glob("sweep-*")), "a refused sweep made a folder"
+
+        code, out = deploy("exec", "--workdir", str(workdir), "--", "echo", "beside")
+        assert code == 0, out
+        assert all(f"{node} | beside" in out for node in ("pc-1", "pc-2", "pc-3")), out
+        assert set(running) <= set(processes_in(workdir))
+    finally:
+        code, out = deploy("cancel")
+    assert code == 0 and f"cancelled {record['run_id']}" in out, out
+
+
 def _wait(seconds: float, done: Callable[[], bool]) -> float | None:
     """Seconds until ``done()``, polled; None if not within ``seconds``."""
     began = time.monotonic()

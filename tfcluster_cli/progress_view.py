@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from infra.errors import JobFailed
 from infra.jobs.job import Job
 from infra.jobs.progress import describe, metrics_text, number
 from infra.jobs.protocol import ProgressEvent, parse_line
@@ -307,8 +306,8 @@ class SweepView:
 
 class ExecView:
     """``exec``'s output: each line as it comes, after its node's name (one
-    line at a time, whichever node's thread prints it); then the nodes where
-    the command failed, as one error."""
+    line at a time, whichever node's thread prints it). The nodes where the
+    command failed are the command's error (``check_exec``), not the view's."""
 
     def __init__(self, raw: bool = False) -> None:
         self.lock = threading.Lock()
@@ -320,18 +319,6 @@ class ExecView:
         with self.lock:
             consoles.console.print(
                 f"{node} | {line}", markup=False, highlight=False, soft_wrap=True
-            )
-
-    @staticmethod
-    def check(codes: Mapping[str, int]) -> None:
-        """Raise ``JobFailed`` (the first failed node's exit code) unless
-        the command succeeded on every node."""
-        failed = {node: code for node, code in codes.items() if code != 0}
-        if failed:
-            raise JobFailed(
-                f"failed on {len(failed)} of {len(codes)} node(s): "
-                + ", ".join(f"{node} exit {code}" for node, code in failed.items()),
-                exit_code=next(iter(failed.values())),
             )
 
 

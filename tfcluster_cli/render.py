@@ -4,6 +4,10 @@ autostop, cancel, tensorboard), a job's outcome (``report``'s tables are
 reports.py). Names, addresses, parameters and metric names are the user's
 or a node's text: every cell is ``Text`` (never markup) and no terminal
 control gets through.
+
+Pure: each function prints what it is given. What it shows is gathered by
+the command (deploy.py) or the library (``Cluster.overview``), and a
+failed job's error is the command's to raise.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.cluster.access import JobEnd
-from infra.cluster.api import Cluster, NodeView
+from infra.cluster.api import Cluster, ClusterOverview, NodeView
 from infra.cluster.lifecycle import DownPlan, UpPlan
 from infra.jobs.progress import summary_text
 from infra.jobs.run import JobResult
@@ -84,25 +88,21 @@ def print_setup_event(node: str, what: str) -> None:
 
 
 def print_up_outcome(
-    cluster: Cluster, plan: UpPlan, nodes: Sequence[Node], report: SetupReport | None
+    plan: UpPlan, nodes: Sequence[Node], report: SetupReport | None, overview: ClusterOverview
 ) -> None:
     """What ``up`` did: each node's setup, whether anything changed, the
-    status (without setup, the GPU nodes are not asked: nothing was
-    installed to answer)."""
+    status (``overview``: as `up` left the cluster)."""
     if report is not None:
         for line in report.lines():
             consoles.console.print(f"  {node_text(line)}", markup=False)
-    name = cluster.config.name
+    name = overview.name
     if not plan.changes and (report is None or not report.changed):
         consoles.console.print(
             f"{name}: all {len(nodes)} nodes already up; nothing to do", markup=False
         )
     else:
         consoles.console.print(f"[green]{escape(name)} is up[/]: {len(nodes)} nodes running")
-    # What `up` did not touch (nodes cluster.yaml no longer declares) as
-    # its plan listed them: the table needs no listing of its own.
-    extras = [n for n in plan.nodes if n.name not in cluster.config.nodes]
-    print_status(cluster, ask_gpus=report is not None, nodes=[*nodes, *extras])
+    print_status(overview)
 
 
 def print_down_plan(cluster: Cluster, plan: DownPlan) -> bool:
@@ -126,18 +126,18 @@ def print_down_done(cluster: Cluster) -> None:
     )
 
 
-def print_stopped(cluster: Cluster, stopped: Sequence[str]) -> None:
+def print_stopped(stopped: Sequence[str], overview: ClusterOverview) -> None:
     if stopped:
         consoles.console.print(f"[green]stopped[/] {escape(node_text(', '.join(stopped)))}")
     else:
         consoles.console.print("nothing running; nothing to stop")
-    print_status(cluster)
+    print_status(overview)
 
 
-def print_started(cluster: Cluster, nodes: Sequence[Node]) -> None:
+def print_started(nodes: Sequence[Node], overview: ClusterOverview) -> None:
     names = ", ".join(n.name for n in nodes)
     consoles.console.print(f"[green]running[/]: {escape(node_text(names))}")
-    print_status(cluster)
+    print_status(overview)
 
 
 def print_autostop(after: int | None, nodes: Sequence[str]) -> None:
@@ -170,18 +170,12 @@ def print_tensorboard(board: Board) -> None:
     )
 
 
-def print_status(
-    cluster: Cluster,
-    *,
-    all_gpus: bool = False,
-    ask_gpus: bool = True,
-    nodes: Sequence[Node] | None = None,
-) -> None:
-    views, cost = cluster.status(all_gpus=all_gpus, ask_gpus=ask_gpus, nodes=nodes)
-    config = cluster.config
+def print_status(overview: ClusterOverview) -> None:
+    """`status`'s table, the cost now, autostop and the last job, as given."""
+    views, cost = overview.views, overview.hourly_usd
     # Cells are Text, never markup: names and addresses come from the config
     # and the provider.
-    table = Table(title=Text(f"{config.name} ({config.provider})"), title_justify="left")
+    table = Table(title=Text(f"{overview.name} ({overview.provider})"), title_justify="left")
     columns = ["node", "status", "roles", "zone", "internal ip", "external ip", "machine"]
     # A cost column only where the provider prices its nodes (gce); GPUs
     # where they were asked for.
@@ -206,16 +200,15 @@ def print_status(
             cells.append(cell(gpus_text(v.gpus)))
         table.add_row(*cells)
     consoles.console.print(table)
-    if cost is not None and isinstance(cluster.provider, Pricing):
+    if cost is not None:
         consoles.console.print(
-            f"estimated cost now: ${cost:.3f}/hour ({cluster.provider.price_source()})",
+            f"estimated cost now: ${cost:.3f}/hour ({overview.price_source})",
             markup=False,
             soft_wrap=True,
         )
-    idle = cluster.autostop_status()
-    if idle is not None:
-        consoles.console.print(idle.text(), markup=False, soft_wrap=True)
-    job = cluster.last_job()
+    if overview.idle is not None:
+        consoles.console.print(overview.idle.text(), markup=False, soft_wrap=True)
+    job = overview.last_job
     if job is not None:
         state = job_state(job.exit_code)
         consoles.console.print(
@@ -282,7 +275,9 @@ def machine_text(v: NodeView) -> str:
 
 
 def print_job_outcome(result: JobResult) -> None:
-    """What `train` and `run` say once the job ended (or, detached, started)."""
+    """What `train` and `run` say once the job ended (or, detached,
+    started). A failed job: only what its bucket holds (the caller raises
+    its error, ``result.check()``, which says the rest)."""
     if result.exit_code is None:
         consoles.console.print(
             consoles.as_invoked(
@@ -293,7 +288,8 @@ def print_job_outcome(result: JobResult) -> None:
         return
     if result.bucket is not None:
         consoles.console.print(result.bucket.text(), markup=False, soft_wrap=True)
-    result.check()
+    if not result.ok:
+        return
     # The chief's "done" event was shown as it came; say it only if it got lost.
     if result.summary and not result.job.summary:
         consoles.console.print(f"[green]done[/]: {escape(summary_text(result.summary))}")
@@ -323,12 +319,12 @@ def print_upload_wait(count: int) -> None:
     )
 
 
-def print_bucket_runs(cluster: Cluster, runs: Sequence[BucketRun]) -> None:
-    """``deploy.py runs``: the cluster's runs in its bucket."""
+def print_bucket_runs(name: str, runs: Sequence[BucketRun]) -> None:
+    """``deploy.py runs``: the runs of cluster ``name`` in its bucket."""
     if not runs:
-        consoles.console.print(f"no run of {cluster.config.name} in the bucket yet", markup=False)
+        consoles.console.print(f"no run of {name} in the bucket yet", markup=False)
         return
-    table = Table(title=Text(f"runs of {cluster.config.name} in the bucket"), title_justify="left")
+    table = Table(title=Text(f"runs of {name} in the bucket"), title_justify="left")
     for column in ("run", "started", "what ran", "status", "size"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for r in runs:

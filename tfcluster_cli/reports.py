@@ -1,7 +1,8 @@
 """``report``: job run folders compared (times, speedup, result, a plot)
 or a sweep folder's trials ranked by a metric, as tables on the terminal
 or JSON rows. Folder names, parameters and metric names are data: every
-cell is ``Text``.
+cell is ``Text``. ``report_command`` reads the runs and writes the plot;
+the ``print_*`` functions print what they are given.
 """
 
 from __future__ import annotations
@@ -22,17 +23,29 @@ from tfcluster_cli.render import cell, params_text
 
 if TYPE_CHECKING:
     from infra.reports.compare import Row, Run
+    from infra.reports.sweeps import SweepReport
 
 
-def print_report(
+def report_command(
     run_dirs: tuple[str, ...], plot: Path | None, as_json: bool, metric: str | None
 ) -> None:
-    """Runs compared, or, given one sweep folder, its trials."""
+    """``report``'s body: the runs read and their plot written here, then
+    printed (the printers below print what they are given). Runs
+    compared, or, given one sweep folder, its trials."""
     from infra.reports.compare import ReportError, compute_rows, load_runs, write_plot
-    from infra.reports.sweeps import is_sweep
+    from infra.reports.sweeps import is_sweep, load_sweep, write_sweep_plot
 
     if len(run_dirs) == 1 and is_sweep(run_dirs[0]):
-        print_sweep_report(Path(run_dirs[0]), plot, as_json, metric)
+        folder = Path(run_dirs[0])
+        try:
+            sweep_report = load_sweep(folder, metric)
+        except ReportError as exc:
+            raise ConfigError(str(exc)) from None
+        plot = write_sweep_plot(sweep_report, plot or folder / "report.png")
+        if as_json:
+            click.echo(json.dumps([r.as_dict() for r in sweep_report.rows], indent=2))
+            return
+        print_sweep_report(sweep_report, plot)
         return
     plot = plot or default_plot(run_dirs)
     try:
@@ -59,18 +72,8 @@ def default_plot(run_dirs: tuple[str, ...]) -> Path:
     return Path("report.png")
 
 
-def print_sweep_report(folder: Path, plot: Path | None, as_json: bool, metric: str | None) -> None:
-    from infra.reports.compare import ReportError
-    from infra.reports.sweeps import load_sweep, write_sweep_plot
-
-    try:
-        sweep_report = load_sweep(folder, metric)
-    except ReportError as exc:
-        raise ConfigError(str(exc)) from None
-    plot = write_sweep_plot(sweep_report, plot or folder / "report.png")
-    if as_json:
-        click.echo(json.dumps([r.as_dict() for r in sweep_report.rows], indent=2))
-        return
+def print_sweep_report(sweep_report: SweepReport, plot: Path) -> None:
+    """A sweep's trials, the best one marked, and where its plot is."""
     shown = sweep_report.metric
     order = "higher" if sweep_report.higher_is_better else "lower"
     title = f"sweep {sweep_report.sweep_id}"

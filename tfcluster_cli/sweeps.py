@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from infra.cluster.api import Cluster
-from infra.errors import ConfigError, Interrupted, JobFailed
+from infra.errors import ConfigError, Interrupted
 from tfcluster_cli import consoles
 from tfcluster_cli.program import interrupted_by
 from tfcluster_cli.progress_view import SweepView
@@ -49,18 +49,8 @@ def run_with_table(
         consoles.console.print(view.table(list(view.trials.values()), final=True))
         raise
     consoles.console.print(view.table(sweep_run.trials, final=True))
-    failed = [t for t in sweep_run.trials if t.state != "done"]
     consoles.console.print(f"results: {destination}", markup=False, soft_wrap=True)
-    if failed:
-        raise JobFailed(
-            f"{len(failed)} of {len(sweep_run.trials)} trial(s) failed: "
-            + ", ".join(
-                f"{t.name} ({'exit ' + str(t.exit_code) if t.exit_code is not None else t.note})"
-                for t in failed
-            ),
-            exit_code=1,
-            hint="`deploy.py logs` shows each trial's log (trial-N)",
-        )
+    sweep_run.check()  # a failed trial: the sweep's error, exit 1
     consoles.console.print(
         consoles.as_invoked(
             f"[green]done[/]: {len(sweep_run.trials)} trial(s); "

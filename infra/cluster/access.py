@@ -19,15 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.cluster.jobs import ClusterJobs, log_sync
-from infra.errors import ConfigError, HostKeyChanged, RemoteError, StateError, combine_errors
+from infra.cluster.jobs import ClusterJobs
+from infra.errors import (
+    ConfigError,
+    JobFailed,
+    RemoteError,
+    StateError,
+    combine_errors,
+)
 from infra.jobs.job import Job
+from infra.jobs.log_follow import follow_all
 from infra.node import commands, facts
 from infra.providers.base import Node, NodeState
 from infra.spec.job import JobRecord, is_run_id
 from infra.state.lock import ClusterLock
 from infra.text import node_text
-from infra.transport.base import Transport, wanted_local_port
+from infra.transport.base import wanted_local_port
 from infra.transport.fanout import in_threads
 
 if TYPE_CHECKING:
@@ -67,16 +74,7 @@ class ClusterAccess(ClusterJobs):
             with self._serve_copy(run_id, local_port, on_starting) as served:
                 yield served
             return
-        if run_id is None and record is None:
-            raise StateError(
-                f"no job has run on {self.config.name} yet: no run folder to show; "
-                "`deploy.py train` starts one"
-            )
-        if run_id is not None and not is_run_id(run_id):
-            raise ConfigError(
-                f"{run_id[:60]!r} is not a run id (lowercase letters, digits and '-'); "
-                "`deploy.py status` names the last job"
-            )
+        self._check_board_run(run_id, record)
         chief = record.chief_node if record is not None else self.config.roles.chief[0]
         node = next(
             (n for n in self.nodes() if n.name == chief and n.state is NodeState.RUNNING), None
@@ -92,9 +90,30 @@ class ClusterAccess(ClusterJobs):
                 f"{chief}, the chief's node, is not running: the run folders are there; "
                 "`deploy.py start` (or up), or look at a fetched run locally"
             )
-        # One TensorBoard per cluster at a time: a second `deploy.py
-        # tensorboard` would stop the first one's task (the same task name)
-        # under it, and leave its user a dead URL.
+        with (
+            self._one_board(),
+            self._serve_board(node, record, run_id, local_port, on_starting) as served,
+        ):
+            yield served
+
+    def _check_board_run(self, run_id: str | None, record: JobRecord | None) -> None:
+        """Refuse a TensorBoard with no run to show, or on what is no run id."""
+        if run_id is None and record is None:
+            raise StateError(
+                f"no job has run on {self.config.name} yet: no run folder to show; "
+                "`deploy.py train` starts one"
+            )
+        if run_id is not None and not is_run_id(run_id):
+            raise ConfigError(
+                f"{run_id[:60]!r} is not a run id (lowercase letters, digits and '-'); "
+                "`deploy.py status` names the last job"
+            )
+
+    @contextlib.contextmanager
+    def _one_board(self) -> Iterator[None]:
+        """One TensorBoard per cluster at a time: a second `deploy.py
+        tensorboard` would stop the first one's task (the same task name)
+        under it, and leave its user a dead URL."""
         board_lock = ClusterLock(self.state.dir / "tensorboard.lock", self.config.name)
         with contextlib.ExitStack() as held:
             try:
@@ -106,8 +125,7 @@ class ClusterAccess(ClusterJobs):
                     + (holder.describe() if holder else "another `deploy.py tensorboard`"),
                     hint="use the URL it printed, or close it (Ctrl-C) first",
                 ) from None
-            with self._serve_board(node, record, run_id, local_port, on_starting) as served:
-                yield served
+            yield
 
     @contextlib.contextmanager
     def _serve_copy(
@@ -195,22 +213,7 @@ class ClusterAccess(ClusterJobs):
         # No job known (a state file rebuilt): followed until Ctrl-C, as is.
         forever = follow and record is None
         if nodes:
-            with self.provider.transport(nodes) as transport:
-                names = [n.name for n in nodes]
-                if running is not None:
-                    tasks = running.task_specs()
-                    until = {n: [t.name for t in tasks if t.node == n] for n in names}
-                    with self._finish_when_chief_ends(running):
-                        _follow_all(transport, names, lines, counted, until)
-                elif forever:
-                    _follow_all(transport, names, lines, counted, None)
-                else:
-                    for n in names:
-                        result = transport.run(
-                            n, commands.tail_logs(transport.layout(n), lines, False)
-                        )
-                        for task, line in facts.parse_tail(result.stdout):
-                            counted(n, task, line)
+            self._show_logs(nodes, lines, counted, running=running, forever=forever)
         if not shown and record is None:
             raise StateError(
                 f"no job has run on {self.config.name} yet: no logs to show; "
@@ -219,6 +222,33 @@ class ClusterAccess(ClusterJobs):
         if not follow or record is None:
             return None
         return self._job_end(record.run_id, was_running=running is not None)
+
+    def _show_logs(
+        self,
+        nodes: Sequence[Node],
+        lines: int,
+        on_line: Callable[[str, str, str], None],
+        *,
+        running: JobRecord | None,
+        forever: bool,
+    ) -> None:
+        """The last ``lines`` of each task log on ``nodes``; followed while
+        the ``running`` job runs (its end recorded once its chief ended),
+        or until Ctrl-C (``forever``)."""
+        with self.provider.transport(nodes) as transport:
+            names = [n.name for n in nodes]
+            if running is not None:
+                tasks = running.task_specs()
+                until = {n: [t.name for t in tasks if t.node == n] for n in names}
+                with self._finish_when_chief_ends(running):
+                    follow_all(transport, names, lines, on_line, until)
+            elif forever:
+                follow_all(transport, names, lines, on_line, None)
+            else:
+                for n in names:
+                    result = transport.run(n, commands.tail_logs(transport.layout(n), lines, False))
+                    for task, line in facts.parse_tail(result.stdout):
+                        on_line(n, task, line)
 
     @contextlib.contextmanager
     def _finish_when_chief_ends(self, record: JobRecord) -> Iterator[None]:
@@ -290,23 +320,14 @@ class ClusterAccess(ClusterJobs):
         first, unless a job is running (its files stay as they are)."""
         if not argv:
             raise ConfigError("no command to run: put it after --, e.g. -- nvidia-smi")
-        # The lock while the nodes are readied and the folder synced, as a
-        # launch holds it; not while the command runs (a long
-        # `exec -- nvidia-smi -l` must not keep `cancel` out).
-        with self.lock("exec"):
-            names = self._exec_nodes(nodes)
-            transport = self._job_transport(names)
-            if transport.copies_files:
-                from infra.setup.nodes import sync_nodes
-
-                self._wait_ssh(transport)
-                if self.running_job() is not None:
-                    log.warning("a job is running: the working folder is not synced for exec")
-                else:
-                    # The command keeps its node busy itself (its pid
-                    # file); its sync, before it, through a busy mark.
-                    with self.keep_busy(transport, names, "exec"):
-                        log_sync(sync_nodes(transport, self.config, workdir=workdir))
+        # Ready (and synced) under the lock, as a launch is; the lock is
+        # not held while the command runs (a long `exec -- nvidia-smi -l`
+        # must not keep `cancel` out). A running job is not refused: its
+        # files stay as they are. The command keeps its node busy itself
+        # (its pid file).
+        ready = self.ready_nodes("exec", nodes or None, workdir=workdir, if_busy="keep_files")
+        with ready as nodes_ready:
+            names, transport = nodes_ready.names, nodes_ready.transport
         codes: dict[str, int] = {}
         errors: dict[str, RemoteError] = {}
 
@@ -328,20 +349,6 @@ class ClusterAccess(ClusterJobs):
             # (exit 8: the first in the nodes' order), never one line of many.
             raise combine_errors({n: errors[n] for n in names if n in errors})
         return {n: codes[n] for n in names}
-
-    def _exec_nodes(self, nodes: Sequence[str] | None) -> list[str]:
-        """The nodes ``exec`` runs on: the ones named (each a node of the
-        config; the running ones are listed anyway, which refreshes the
-        cached addresses), else every running one."""
-        running = [n.name for n in self.nodes() if n.state is NodeState.RUNNING]
-        if nodes:
-            for node in nodes:
-                self.require_known(node)
-            return list(dict.fromkeys(nodes))
-        names = [n for n in self.config.nodes if n in running]
-        if not names:
-            raise StateError(f"no node of {self.config.name} is running: run `deploy.py up`")
-        return names
 
     # -- one node, by hand --------------------------------------------------------
 
@@ -370,6 +377,18 @@ class ClusterAccess(ClusterJobs):
             return NodeShell(node, folder=folder)
 
 
+def check_exec(codes: Mapping[str, int]) -> None:
+    """Raise ``JobFailed`` (the first failed node's exit code) unless the
+    command ``exec`` ran (its codes) succeeded on every node."""
+    failed = {node: code for node, code in codes.items() if code != 0}
+    if failed:
+        raise JobFailed(
+            f"failed on {len(failed)} of {len(codes)} node(s): "
+            + ", ".join(f"{node} exit {code}" for node, code in failed.items()),
+            exit_code=next(iter(failed.values())),
+        )
+
+
 @dataclass(frozen=True)
 class JobEnd:
     """The end of the job `logs --follow` followed: its exit code (None
@@ -388,52 +407,3 @@ class NodeShell:
     node: str
     exit_code: int = 0
     folder: Path | None = None
-
-
-def _follow_all(
-    transport: Transport,
-    nodes: Sequence[str],
-    lines: int,
-    on_line: Callable[[str, str, str], None],
-    until: Mapping[str, Sequence[str]] | None,
-) -> None:
-    """Follow every node's logs at once while the ``until`` tasks of each
-    node run (None: until Ctrl-C). What a thread raises
-    is raised here: a changed host key (or a bug) at once; a node lost
-    otherwise is warned about while the others go on, and raised once
-    none is left."""
-    errors: dict[str, BaseException] = {}
-
-    def follow(node: str) -> None:
-        task = ""
-
-        def handle(line: str) -> None:
-            nonlocal task
-            header = facts.tail_header(line)
-            if header is not None:
-                task = header
-            elif line:
-                on_line(node, task, node_text(line))
-
-        try:
-            command = commands.tail_logs(
-                transport.layout(node), lines, True, until[node] if until is not None else None
-            )
-            transport.stream(node, command, handle)
-        except BaseException as exc:  # raised in the caller's thread, below
-            errors[node] = exc
-            if isinstance(exc, RemoteError) and len(nodes) > 1:
-                log.warning("%s; following the other nodes", exc)
-
-    def fatal() -> BaseException | None:
-        # list(): a copy made at once, while other threads may still add.
-        for exc in list(errors.values()):
-            if isinstance(exc, HostKeyChanged) or not isinstance(exc, RemoteError):
-                return exc
-        return None
-
-    in_threads(follow, nodes, fatal)
-    if (exc := fatal()) is not None:
-        raise exc
-    if errors:
-        raise combine_errors({n: e for n in nodes if isinstance(e := errors.get(n), RemoteError)})

@@ -40,6 +40,7 @@ from infra.errors import ConfigError, CredentialsError, StateError, TfclusterErr
 from infra.jobs.run import JobReporter, JobResult, run_job
 from infra.node import commands, facts
 from infra.providers.base import Node, NodeState, Pricing
+from infra.spec.job import JobRecord
 from infra.transport.fanout import fan_out
 
 if TYPE_CHECKING:
@@ -79,6 +80,21 @@ class NodeView:
         out = dict(self.__dict__)
         out["gpus"] = self.gpus.as_dict() if self.gpus is not None else None
         return out
+
+
+@dataclass(frozen=True)
+class ClusterOverview:
+    """What `status` shows of a cluster, gathered at once (``Cluster.overview``):
+    its nodes, the estimated USD/hour now and where that comes from, its
+    autostop and its last job."""
+
+    name: str
+    provider: str
+    views: list[NodeView]
+    hourly_usd: float | None
+    price_source: str | None
+    idle: autostop.ClusterIdle | None
+    last_job: JobRecord | None
 
 
 class Cluster(ClusterRuns, ClusterAccess):
@@ -132,6 +148,30 @@ class Cluster(ClusterRuns, ClusterAccess):
                 )
             )
         return views, pricing.hourly_cost(nodes) if pricing else None
+
+    def overview(
+        self,
+        *,
+        all_gpus: bool = False,
+        ask_gpus: bool = True,
+        nodes: Sequence[Node] | None = None,
+    ) -> ClusterOverview:
+        """``status`` (see there) with the rest of what `deploy.py status`
+        shows: where the cost comes from, autostop, the last job."""
+        views, cost = self.status(all_gpus=all_gpus, ask_gpus=ask_gpus, nodes=nodes)
+        return ClusterOverview(
+            name=self.config.name,
+            provider=self.config.provider,
+            views=views,
+            hourly_usd=cost,
+            price_source=(
+                self.provider.price_source()
+                if cost is not None and isinstance(self.provider, Pricing)
+                else None
+            ),
+            idle=self.autostop_status(),
+            last_job=self.last_job(),
+        )
 
     def gpus(self, nodes: Sequence[Node]) -> dict[str, facts.GpuReport]:
         """What nvidia-smi says on each of these running nodes, all at once.
@@ -223,7 +263,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         if after is False and not self.state.get("autostop_used"):
             return
         with self.provider.transport(nodes) as transport:
-            self._wait_ssh(transport)
+            transport.wait_ready()
             autostop.apply(
                 transport,
                 [n.name for n in nodes],
@@ -293,7 +333,7 @@ class Cluster(ClusterRuns, ClusterAccess):
         from infra.setup.nodes import setup_nodes
 
         with self.provider.transport(nodes) as transport:
-            self._wait_ssh(transport)
+            transport.wait_ready()
             # A node (re)started with autostop on runs its watcher from the
             # boot: an install of minutes must not look idle to it.
             with self.keep_busy(transport, [n.name for n in nodes], "setup"):
@@ -348,12 +388,26 @@ class Cluster(ClusterRuns, ClusterAccess):
             if node.ssh_host:
                 forget_host(self.state.known_hosts, node.ssh_host, node.ssh_port)
 
-    @locked("start")
-    def start(self) -> list[Node]:
-        nodes = apply_start(self.provider, self.nodes())
-        self.nodes()
-        self.ensure_autostop(nodes)
-        return nodes
+    def start(
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        command: str = "start",
+        start_nodes: Callable[[list[str]], None] | None = None,
+        on_running: Callable[[list[Node]], None] = lambda nodes: None,
+    ) -> list[Node]:
+        """Start the stopped nodes (of ``names``, default every one), under
+        the lock (held as ``command``), and wait until they run; then
+        ``on_running(nodes)`` (a recovery checks their setup) and their
+        autostop watchers again. ``start_nodes``: how the stopped ones are
+        started (default the provider's; a recovery retries a zone out of
+        capacity). The named nodes (default every declared one), running."""
+        with self.lock(command):
+            nodes = apply_start(self.provider, self.nodes(), names, start=start_nodes)
+            self.nodes()
+            on_running(nodes)
+            self.ensure_autostop(nodes)
+            return nodes
 
     # -- a job's whole life, as one call (infra/jobs/run.py; the steps are in
     # infra/cluster/jobs.py) ----------------------------------------------------

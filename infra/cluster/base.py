@@ -126,10 +126,6 @@ class ClusterBase:
         data = self.state.get("last_job")
         return JobRecord.from_dict(data) if isinstance(data, dict) else None
 
-    @staticmethod
-    def _wait_ssh(transport: Transport) -> None:
-        transport.wait_ready()
-
     def keep_busy(
         self, transport: Transport, names: Sequence[str], what: str
     ) -> AbstractContextManager[None]:

@@ -1,7 +1,9 @@
 """The job side of ``Cluster``: the spec of a job (the built-in trainer or
-the user's program), its launch (sync, start every task, remember it), its
-end (watch, cancel, the exit code recorded), finding it again later
-(``running_job``, ``attach``; ``fetch`` is infra/cluster/runs.py's).
+the user's program), its launch (on nodes made ready by ``ready_nodes``,
+infra/cluster/ready.py: start every task, remember it), its end (watch,
+cancel, the exit code recorded); finding it again later is
+infra/cluster/ready.py's (``running_job``, ``attach``), ``fetch``
+infra/cluster/runs.py's.
 
 A mixin of ``Cluster`` (infra/cluster/api.py): callers call ``cluster.launch()``;
 infra/jobs/run.py is a job's whole life as one call on top of these.
@@ -14,11 +16,10 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 from infra.cluster.base import locked
-from infra.cluster.bucket import ClusterBucket
-from infra.cluster.lifecycle import require_running
+from infra.cluster.ready import ClusterReady, ReadyNodes
 from infra.config.loader import check_env
 from infra.errors import (
     ConfigError,
@@ -32,7 +33,6 @@ from infra.jobs.job import Job, shielded
 from infra.jobs.keras_choice import LEGACY_ENV, legacy_keras
 from infra.jobs.progress import ProgressEvent, StartupClock
 from infra.jobs.readiness import Waiting
-from infra.providers.base import NodeState
 from infra.spec.job import (
     CANCELLED,
     JobRecord,
@@ -44,24 +44,12 @@ from infra.spec.job import (
 )
 from infra.spec.tfconfig import TaskSpec, build_tasks
 from infra.text import node_text
-from infra.transport.base import Transport
-
-if TYPE_CHECKING:
-    from infra.setup.report import SetupReport
 from trainer import catalog
 
 log = logging.getLogger("tfcluster")
 
 
-def _busy(record: JobRecord) -> StateError:
-    return StateError(
-        f"job {record.run_id} ({record.label}) is still running; it was left as it is",
-        hint="`deploy.py logs --follow` follows it, `deploy.py cancel` stops it; "
-        "`--detach` starts a job without waiting for it",
-    )
-
-
-class ClusterJobs(ClusterBucket):
+class ClusterJobs(ClusterReady):
     # -- jobs --------------------------------------------------------------------
 
     def train_spec(self, *, resume: bool = False, **overrides: Any) -> JobSpec:
@@ -87,6 +75,24 @@ class ClusterJobs(ClusterBucket):
                 raise ConfigError("--steps and the trainer flag --epochs: give one of them")
             values["steps"] = None
         mode = catalog.mode(values["mode"])
+        self._check_roles(mode)
+        notes = self._mode_notes(mode, values)
+        if resume:
+            run_id = self._resumed_run_id(values["model"], values["mode"])
+        else:
+            run_id = new_run_id(f"{values['model']}-{values['mode']}")
+        program = trainer_program(resume=resume, **values)
+        return JobSpec(
+            run_id=run_id,
+            program=program,
+            model=values["model"],
+            mode=values["mode"],
+            resume=resume,
+            notes=tuple(notes),
+        )
+
+    def _check_roles(self, mode: catalog.Mode) -> None:
+        """A ConfigError where cluster.yaml's roles lack what ``mode`` needs."""
         roles = self.config.roles
         if mode.needs_ps and not roles.ps:
             raise ConfigError(
@@ -98,35 +104,27 @@ class ClusterJobs(ClusterBucket):
                 f"{self.config.source}: roles: {mode.name} mode needs worker nodes; "
                 "add roles.worker, or train with --mode single"
             )
-        notes = self._mode_notes(mode, values)
-        run_id = new_run_id(f"{values['model']}-{values['mode']}")
-        if resume:
-            last = self.last_job() or self.last_bucket_run()
-            if last is None:
+
+    def _resumed_run_id(self, model: str, mode: str) -> str:
+        """The run id of the last job (here, else in the bucket), which a
+        --resume continues: it must have trained this model in this mode."""
+        last = self.last_job() or self.last_bucket_run()
+        if last is None:
+            raise StateError(
+                "nothing to resume: no earlier job of this cluster is known; "
+                "run `deploy.py train` first"
+            )
+        if (last.model, last.mode) != (model, mode):
+            if last.model is None:
                 raise StateError(
-                    "nothing to resume: no earlier job of this cluster is known; "
-                    "run `deploy.py train` first"
+                    f"the last job ({last.run_id}) was a program of yours, not a training "
+                    "of the built-in trainer; nothing to resume"
                 )
-            if (last.model, last.mode) != (values["model"], values["mode"]):
-                if last.model is None:
-                    raise StateError(
-                        f"the last job ({last.run_id}) was a program of yours, not a training "
-                        "of the built-in trainer; nothing to resume"
-                    )
-                raise StateError(
-                    f"the last job trained {last.model} in {last.mode} mode; resume it with "
-                    f"--model {last.model} --mode {last.mode}"
-                )
-            run_id = last.run_id
-        program = trainer_program(resume=resume, **values)
-        return JobSpec(
-            run_id=run_id,
-            program=program,
-            model=values["model"],
-            mode=values["mode"],
-            resume=resume,
-            notes=tuple(notes),
-        )
+            raise StateError(
+                f"the last job trained {last.model} in {last.mode} mode; resume it with "
+                f"--model {last.model} --mode {last.mode}"
+            )
+        return last.run_id
 
     def _mode_notes(self, mode: catalog.Mode, values: Mapping[str, Any]) -> list[str]:
         """The mode's own checks of the job (its catalog entry's
@@ -219,18 +217,8 @@ class ClusterJobs(ClusterBucket):
             raise ConfigError(f"{key}: {folder} is not a folder; give an existing folder")
         return folder
 
-    def _job_transport(self, names: Sequence[str]) -> Transport:
-        """A transport to these nodes, which must run (a local cluster is
-        brought up on the spot: it costs nothing)."""
-        existing = self.nodes()
-        missing = [n for n in names if n not in {x.name for x in existing}]
-        if missing and self.provider.capabilities().up_on_demand:
-            self.provider.create_nodes(missing)
-            existing = self.nodes()
-        require_running(self.provider, existing, names)
-        return self.provider.transport([n for n in existing if n.name in names])
+    # -- a job's launch ------------------------------------------------------------
 
-    @locked(lambda spec, **_: "train" if spec.program.builtin else "run")
     def launch(
         self,
         spec: JobSpec,
@@ -246,63 +234,79 @@ class ClusterJobs(ClusterBucket):
         remember the job. ``Job.watch`` then follows it to its end."""
         on_event = shielded(on_event)
         clock = StartupClock(on_event, self.started)
-        if (running := self.running_job(finish=True)) is not None:
-            raise _busy(running)
         program = spec.program
         if program.in_workdir and workdir is None:
             workdir = self.workdir()
-        names = self.job_nodes(program.task_types)
-        transport = self._job_transport(names)
-        # Busy from before the (maybe long) sync until the tasks run, which
-        # keep the nodes busy themselves: no node stops itself meanwhile.
-        if transport.copies_files:
-            self._wait_ssh(transport)
-        with self.keep_busy(transport, names, "launch"):
-            if sync and transport.copies_files:
+        synced = workdir if program.in_workdir else None
+        with self.ready_nodes(
+            "train" if program.builtin else "run",
+            self.job_nodes(program.task_types),
+            workdir=synced,
+            sync=sync,
+        ) as ready:
+            if ready.synced:
                 from infra.setup import code_snapshot
-                from infra.setup.nodes import sync_nodes
 
-                synced = workdir if program.in_workdir else None
-                log_sync(sync_nodes(transport, self.config, workdir=synced))
                 # What a recovery will restart it with (infra/setup/code_snapshot.py).
-                code_snapshot.record(transport, self.config, spec.run_id, synced)
+                code_snapshot.record(ready.transport, self.config, spec.run_id, synced)
                 clock.mark("sync")
-            elif not transport.copies_files and program.in_workdir and workdir and (
-                workdir / "requirements.txt"
-            ).is_file():
+            elif (
+                not ready.transport.copies_files
+                and synced
+                and (synced / "requirements.txt").is_file()
+            ):
                 log.warning(
                     "the local cluster runs this machine's Python; install requirements.txt "
                     "into it yourself"
                 )
-            tasks = self.job_tasks(program.task_types, names)
-            self.provider.before_tasks(program, tasks)
-            spec = self.bucket_spec(spec, transport, tasks)
-            job = Job(
-                transport,
-                tasks,
-                spec,
-                env={**self.provider.task_env(), **self.bucket_env(spec.run_id)},
-                workdir=workdir,
-                on_event=on_event,
-                on_log=on_log,
-                on_waiting=on_waiting,
-                clock=clock,
-                busy=functools.partial(self.keep_busy, transport),
-            )
-            try:
-                job.start()
-            except (JobFailed, Interrupted) as exc:
-                # A job that failed at start is the last job all the same:
-                # `status` names it with its code, `logs` shows why.
-                self.remember(job, exit_code=exc.exit_code)
-                raise
-        self.remember(job)
-        # The chief's node mirrors its run folder into the bucket.
-        self.start_uploader(
-            transport, job.chief.node, run_id=spec.run_id, run_dir=job.output_dir,
-            watch_task=job.chief.name, label=spec.label, command=program.argv,
-            model=spec.model, mode=spec.mode,
-        )  # fmt: skip
+            job = self._start_job(
+                spec, ready, workdir=workdir, on_event=on_event, on_log=on_log,
+                on_waiting=on_waiting, clock=clock,
+            )  # fmt: skip
+            self.remember(job)
+            # The chief's node mirrors its run folder into the bucket.
+            self.start_uploader(
+                ready.transport, job.chief.node, run_id=spec.run_id, run_dir=job.output_dir,
+                watch_task=job.chief.name, label=spec.label, command=program.argv,
+                model=spec.model, mode=spec.mode,
+            )  # fmt: skip
+        return job
+
+    def _start_job(
+        self,
+        spec: JobSpec,
+        ready: ReadyNodes,
+        *,
+        workdir: Path | None,
+        on_event: Callable[[ProgressEvent], None],
+        on_log: Callable[[str], None],
+        on_waiting: Callable[[list[Waiting]], None],
+        clock: StartupClock,
+    ) -> Job:
+        """Every task of the job on the ready nodes, the chief last."""
+        transport = ready.transport
+        tasks = self.job_tasks(spec.program.task_types, ready.names)
+        self.provider.before_tasks(spec.program, tasks)
+        spec = self.bucket_spec(spec, transport, tasks)
+        job = Job(
+            transport,
+            tasks,
+            spec,
+            env={**self.provider.task_env(), **self.bucket_env(spec.run_id)},
+            workdir=workdir,
+            on_event=on_event,
+            on_log=on_log,
+            on_waiting=on_waiting,
+            clock=clock,
+            busy=functools.partial(self.keep_busy, transport),
+        )
+        try:
+            job.start()
+        except (JobFailed, Interrupted) as exc:
+            # A job that failed at start is the last job all the same:
+            # `status` names it with its code, `logs` shows why.
+            self.remember(job, exit_code=exc.exit_code)
+            raise
         return job
 
     def watch(self, job: Job, dest: Path) -> int:
@@ -313,43 +317,6 @@ class ClusterJobs(ClusterBucket):
             return job.watch(dest)
         finally:
             self.remember(job, exit_code=job.exit_code if job.exit_code is not None else -1)
-
-    def running_job(self, *, finish: bool = False) -> JobRecord | None:
-        """The last job, if it still runs: its chief does (or, where the
-        chief cannot be seen, any of its tasks). A job ends with its chief:
-        with ``finish``, what a --detach job whose chief has ended left
-        running (its ps and workers: nobody watched it to stop them) is
-        stopped, and the chief's exit code recorded; otherwise the cluster
-        would stay busy with a job that is over."""
-        record = self.last_job()
-        if record is None or record.exit_code is not None:
-            return None
-        job = self.attach(record, require=False)
-        if job is None:
-            return None
-        states = job.status()
-        chief = states.get(job.chief.name)
-        alive = [t for t in job.tasks if (s := states.get(t.name)) is not None and s.alive]
-        if chief is None or chief.alive:
-            return record if alive else None
-        if finish:
-            if alive:
-                job.stop(alive)
-            self._record_end(record.run_id, chief.exit_code if chief.exit_code is not None else -1)
-        return None
-
-    def _record_end(self, run_id: str, code: int) -> None:
-        """The job's exit code, if it is still the last job and has none."""
-
-        def put(data: dict[str, Any]) -> None:
-            last = data.get("last_job")
-            if isinstance(last, dict) and (last.get("run_id"), last.get("exit_code")) == (
-                run_id,
-                None,
-            ):
-                last["exit_code"] = code
-
-        self.state.modify(put)
 
     def cancel(self) -> tuple[JobRecord, list[str]]:
         """Stop every task of the running (or last) job on purpose. The job
@@ -417,38 +384,6 @@ class ClusterJobs(ClusterBucket):
 
         self.state.modify(put)
 
-    @overload
-    def attach(self, record: JobRecord) -> Job: ...
-    @overload
-    def attach(self, record: JobRecord, *, require: bool) -> Job | None: ...
-
-    def attach(self, record: JobRecord, *, require: bool = True) -> Job | None:
-        """The Job object of an earlier (maybe --detach'ed) job, to watch,
-        stop or fetch it. With ``require`` False: None when none of its
-        nodes runs, and only the running ones otherwise."""
-        existing = {n.name: n for n in self.nodes() if n.state is NodeState.RUNNING}
-        tasks = record.task_specs()
-        nodes = sorted({t.node for t in tasks})
-        if require:
-            require_running(self.provider, list(existing.values()), nodes)
-        else:
-            tasks = [t for t in tasks if t.node in existing]
-            nodes = [n for n in nodes if n in existing]
-            if not any(t.type == "chief" for t in tasks):
-                tasks += [t for t in record.task_specs() if t.type == "chief"]
-            if not nodes:
-                return None
-        transport = self.provider.transport([existing[n] for n in nodes])
-        spec = JobSpec(
-            run_id=record.run_id,
-            program=Program(argv=tuple(record.command), task_types=()),
-            model=record.model,
-            mode=record.mode,
-        )
-        job = Job(transport, tasks, spec, busy=functools.partial(self.keep_busy, transport))
-        job.output_dir = record.output_dir
-        return job
-
     def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path:
         """Where ``run_id``'s folder comes home: in ``dest``, else in
         runs/<cluster>/. One that cannot be written, given or the default,
@@ -465,11 +400,3 @@ class ClusterJobs(ClusterBucket):
             hint="--dest FOLDER brings the results elsewhere",
         )
         return folder
-
-
-def log_sync(report: SetupReport) -> None:
-    """What the sync before a job or exec did, per node (``-v`` shows it):
-    files sent and deleted, and whether requirements.txt was installed.
-    Without it a minutes-long install of the user's requirements is silent."""
-    for line in report.lines():
-        log.info("sync %s", line)

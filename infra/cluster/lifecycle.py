@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from infra.errors import ProviderError, StateError
@@ -164,22 +164,36 @@ def apply_stop(provider: NodeProvider, existing: Sequence[Node]) -> list[str]:
     return names
 
 
-def apply_start(provider: NodeProvider, existing: Sequence[Node]) -> list[Node]:
-    """Start the stopped nodes; return every declared node, running, with
-    its (new) addresses."""
+def apply_start(
+    provider: NodeProvider,
+    existing: Sequence[Node],
+    names: Sequence[str] | None = None,
+    *,
+    start: Callable[[list[str]], None] | None = None,
+) -> list[Node]:
+    """Start the stopped nodes (of ``names``, default every one); return
+    the named nodes (default every declared one), running, with their
+    (new) addresses. ``start``: how the stopped ones are started (default
+    the provider's ``start_nodes``; a recovery retries a zone out of
+    capacity)."""
     if provider.capabilities().cannot_stop is not None:
         raise StateError(f"provider {provider.kind} has no stopped nodes to start")
+    wanted = list(provider.config.nodes if names is None else names)
     by_name = {n.name: n for n in existing}
-    missing = [name for name in provider.config.nodes if name not in by_name]
+    missing = [name for name in wanted if name not in by_name]
     if missing:
         raise StateError(
             f"{', '.join(missing)} does not exist; `deploy.py up` creates it, "
             "`start` only starts stopped nodes"
         )
-    names = [n.name for n in existing if n.state in (NodeState.STOPPED, NodeState.STOPPING)]
-    if names:
-        provider.start_nodes(names)
-    return wait_running(provider, provider.config.nodes, timeout=900.0)
+    stopped = [
+        n.name
+        for n in existing
+        if n.state in (NodeState.STOPPED, NodeState.STOPPING) and (names is None or n.name in names)
+    ]
+    if stopped:
+        (start or provider.start_nodes)(stopped)
+    return wait_running(provider, wanted, timeout=900.0)
 
 
 def apply_down(provider: NodeProvider, plan: DownPlan) -> None:

@@ -40,6 +40,15 @@ class JobCluster(Protocol):
 
     def ensure_autostop(self, nodes: Sequence[Node]) -> None: ...
 
+    def start(
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        command: str = "start",
+        start_nodes: Callable[[list[str]], None] | None = None,
+        on_running: Callable[[list[Node]], None] = ...,
+    ) -> list[Node]: ...
+
     def local_run_dir(self, run_id: str, dest: Path | None = None) -> Path: ...
 
     def launch(

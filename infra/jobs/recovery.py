@@ -345,33 +345,43 @@ class Recovery:
         names = [n for n in names if n not in {r.name for r in running}]
         if not names:
             return
+        # The lifecycle's start, as `deploy.py start` (held as "recover":
+        # `cancel` reads that and does not wait for it).
+        self.cluster.start(
+            names, command="recover", start_nodes=self._start_nodes, on_running=self._set_up
+        )
+
+    def _start_nodes(self, names: list[str]) -> None:
+        """Start these stopped nodes; a zone out of capacity is retried
+        with backoff, up to the policy's bound (then exit 5)."""
         policy = self.policy
         delay = policy.capacity_first_s
         tried: list[str] = []
         began = time.monotonic()
-        with self.cluster.lock("recover"):
-            for attempt in range(1, policy.capacity_tries + 1):
-                try:
-                    self.cluster.provider.start_nodes(names)
-                    break
-                except CapacityError as exc:
-                    self._stop_if_cancelled(f" while {', '.join(names)} could not start")
-                    tried.append(str(exc))
-                    if attempt == policy.capacity_tries:
-                        raise CapacityError(
-                            f"could not start {', '.join(names)} again: {attempt} tries over "
-                            f"{time.monotonic() - began:.0f} s, each refused ({tried[-1]})",
-                            hint="the run folder and checkpoints are kept: once the zone has "
-                            "room, `deploy.py start` then `deploy.py train --resume` continues",
-                        ) from None
-                    self.note(f"no capacity yet ({exc}); trying again in {delay:.0f} s")
-                    self.sleep(delay)
-                    self._stop_if_cancelled(f" while {', '.join(names)} could not start")
-                    delay = min(delay * 2, policy.capacity_max_s)
-            started = f" while {', '.join(names)} started again (`deploy.py stop` stops it)"
-            self._stop_if_cancelled(started)
-            existing = self.cluster.nodes()
-            nodes = [n for n in existing if n.name in names]
-            self.cluster.setup(nodes, sync=False)
-            self._stop_if_cancelled(started)
-            self.cluster.ensure_autostop(nodes)
+        for attempt in range(1, policy.capacity_tries + 1):
+            try:
+                self.cluster.provider.start_nodes(names)
+                return
+            except CapacityError as exc:
+                self._stop_if_cancelled(f" while {', '.join(names)} could not start")
+                tried.append(str(exc))
+                if attempt == policy.capacity_tries:
+                    raise CapacityError(
+                        f"could not start {', '.join(names)} again: {attempt} tries over "
+                        f"{time.monotonic() - began:.0f} s, each refused ({tried[-1]})",
+                        hint="the run folder and checkpoints are kept: once the zone has "
+                        "room, `deploy.py start` then `deploy.py train --resume` continues",
+                    ) from None
+                self.note(f"no capacity yet ({exc}); trying again in {delay:.0f} s")
+                self.sleep(delay)
+                self._stop_if_cancelled(f" while {', '.join(names)} could not start")
+                delay = min(delay * 2, policy.capacity_max_s)
+
+    def _set_up(self, nodes: list[Node]) -> None:
+        """The nodes started again: their setup checked, as ``up`` would,
+        without a sync (the job goes on with the code it started with)."""
+        started = f" while {', '.join(n.name for n in nodes)} started again"
+        started += " (`deploy.py stop` stops it)"
+        self._stop_if_cancelled(started)
+        self.cluster.setup(nodes, sync=False)
+        self._stop_if_cancelled(started)

@@ -31,7 +31,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.errors import ConfigError, HostKeyChanged, Interrupted, RemoteError, StateError
+from infra.errors import (
+    ConfigError,
+    HostKeyChanged,
+    Interrupted,
+    JobFailed,
+    RemoteError,
+    StateError,
+)
 from infra.jobs.destination import check_destination
 from infra.node import commands, facts, task_env
 from infra.sweeps.spec import SweepSpec, param_env
@@ -361,6 +368,18 @@ class Sweep:
         except RemoteError as exc:
             log.warning("could not stop the trials on %s: %s", node, exc)
 
+    def check(self) -> None:
+        """Raise JobFailed (exit 1) unless every trial succeeded, naming
+        those that did not."""
+        failed = [t for t in self.trials if t.state != "done"]
+        if failed:
+            raise JobFailed(
+                f"{len(failed)} of {len(self.trials)} trial(s) failed: "
+                + ", ".join(f"{t.name} ({_how_it_ended(t)})" for t in failed),
+                exit_code=1,
+                hint="`deploy.py logs` shows each trial's log (trial-N)",
+            )
+
     # -- sweep.json --
 
     def as_dict(self) -> dict[str, Any]:
@@ -390,6 +409,10 @@ class Sweep:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+
+
+def _how_it_ended(trial: Trial) -> str:
+    return f"exit {trial.exit_code}" if trial.exit_code is not None else trial.note
 
 
 # -- on a cluster ----------------------------------------------------------------
@@ -443,46 +466,35 @@ def run_sweep(
     if not spec.points:
         raise ConfigError("nothing to sweep: give at least one --param NAME=V1,V2,...")
     check_destination(dest, dest)  # before any trial: its results must have a place here
-    with cluster.lock("sweep"):
-        if (running := cluster.running_job(finish=True)) is not None:
-            raise StateError(
-                f"job {running.run_id} ({running.label}) is still running; a sweep needs the nodes",
-                hint="`deploy.py cancel` stops it, or wait for it to end",
-            )
-        nodes = list(cluster.config.nodes)
-        transport = cluster._job_transport(nodes)
-        with transport:
-            # Nodes just started (a VM booting, a container) answer SSH a
-            # moment later: wait for that before the first command.
-            cluster._wait_ssh(transport)
-            # The nodes are busy for autostop from before the sync to the
-            # last fetch: one that waits for the next trial or fetch is not idle.
-            with cluster.keep_busy(transport, nodes, "sweep"):
-                check_per_node(transport, nodes, per_node)
-                if transport.copies_files:
-                    from infra.setup.nodes import sync_nodes
-
-                    report = sync_nodes(
-                        transport, cluster.config, workdir=None if spec.builtin else workdir
-                    )
-                    for line in report.lines():
-                        log.info("sync %s", line)
-                sweep = Sweep(
-                    transport,
-                    nodes,
-                    spec,
-                    per_node=per_node,
-                    dest=dest,
-                    env=cluster.provider.task_env(),
-                    workdir=workdir,
-                    on_change=on_change,
-                    bucket=str(url) if (url := cluster.bucket_url(spec.sweep_id)) else None,
-                    on_started=lambda node, t: _upload_trial(cluster, transport, sweep, node, t),
-                )
-                on_ready(sweep)
-                try:
-                    sweep.run()
-                finally:
-                    if url is not None:  # the trials' last uploads, bounded, said
-                        cluster.wait_uploads(transport, nodes, url)
-                return sweep
+    # The nodes are busy for autostop from before the sync to the last
+    # fetch: one that waits for the next trial or fetch is not idle.
+    with (
+        cluster.ready_nodes(
+            "sweep",
+            list(cluster.config.nodes),
+            workdir=None if spec.builtin else workdir,
+            check=lambda transport, nodes: check_per_node(transport, nodes, per_node),
+        ) as ready,
+        ready.transport as transport,
+    ):
+        nodes = ready.names
+        url = cluster.bucket_url(spec.sweep_id)
+        sweep = Sweep(
+            transport,
+            nodes,
+            spec,
+            per_node=per_node,
+            dest=dest,
+            env=cluster.provider.task_env(),
+            workdir=workdir,
+            on_change=on_change,
+            bucket=str(url) if url else None,
+            on_started=lambda node, t: _upload_trial(cluster, transport, sweep, node, t),
+        )
+        on_ready(sweep)
+        try:
+            sweep.run()
+        finally:
+            if url is not None:  # the trials' last uploads, bounded, said
+                cluster.wait_uploads(transport, nodes, url)
+        return sweep
