@@ -53,7 +53,8 @@ from infra.setup.commands import FACT, install_command, user_requirements_comman
 from infra.setup.facts import parse_install
 from infra.setup.install_plan import InstallPlan
 from infra.setup.report import NodeSetup, OnEvent
-from infra.setup.sync import PROJECT_ROOT, SyncItem, sync_to_node
+from infra.setup.sync import sync_to_node
+from infra.setup.sync_items import PROJECT_ROOT, SyncItem
 from infra.transport.base import Transport
 
 log = logging.getLogger("tfcluster")

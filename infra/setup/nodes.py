@@ -49,13 +49,13 @@ from infra.setup.install import (
     wheelhouse_listing,
 )
 from infra.setup.report import NodeSetup, OnEvent, SetupReport
-from infra.setup.sync import (
+from infra.setup.sync import sync_stale
+from infra.setup.sync_items import (
     PROJECT_ROOT,
     SyncItem,
     expand_vars,
     secret_paths,
     sync_items,
-    sync_stale,
     workdir_item,
 )
 from infra.transport.base import NodeLayout, Transport
