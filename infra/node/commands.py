@@ -143,14 +143,21 @@ def start_task(
             f"cd {path(cwd)} 2>/dev/null || "
             f"{{ echo 'no working folder '{shlex.quote(cwd)}' on this node' >&2; exit 4; }}"
         )
+    lines += _watch_start(watch)
+    lines += _launch(layout, task, argv, _assignments(env, paths), env_file, watch)
+    return "\n".join(lines)
+
+
+def _watch_start(watch: Watch | None) -> list[str]:
+    """What the task's watch (infra/node/watchdog.py) needs before the task
+    starts: the chief's pid file as it is now, or a fresh lease."""
     if watch is not None and watch.kind == "pid":
         # What the chief's pid file holds before this job's chief starts
         # (on its node, the chief is started after every other task).
-        lines.append(f'a= b=; read -r a b 2>/dev/null < {path(watch.target)}; tfc_snap="$a $b"')
+        return [f'a= b=; read -r a b 2>/dev/null < {path(watch.target)}; tfc_snap="$a $b"']
     if watch is not None and watch.kind == "lease":
-        lines.append(renew_lease(path(watch.target)))
-    lines += _launch(layout, task, argv, _assignments(env, paths), env_file, watch)
-    return "\n".join(lines)
+        return [renew_lease(path(watch.target))]
+    return []
 
 
 def _assignments(env: Mapping[str, str], paths: Mapping[str, str]) -> list[str]:
