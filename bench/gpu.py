@@ -57,7 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra.node import commands, facts  # noqa: E402  (no TensorFlow: the parent stays light)
+from infra.node import facts, probes  # noqa: E402  (no TensorFlow: the parent stays light)
 
 MODELS = ("convnet", "cnn")
 # Per-GPU batches: the source material's convnet ran 1024 per GPU.
@@ -189,7 +189,7 @@ def elapsed_by_step(output: Path) -> dict[int, float]:
 
 class Utilisation:
     """Mean utilisation over every GPU while a set-up runs, from nvidia-smi
-    (``infra/commands.gpu_query``, the query ``deploy.py status`` uses)."""
+    (``infra/node/probes.py``, the query ``deploy.py status`` uses)."""
 
     def __init__(self) -> None:
         self.samples: list[int] = []
@@ -199,7 +199,7 @@ class Utilisation:
     def _sample(self) -> None:
         while not self._stop.wait(0.5):
             out = subprocess.run(
-                ["bash", "-c", commands.gpu_query()], capture_output=True, text=True, timeout=30
+                ["bash", "-c", probes.gpu_query()], capture_output=True, text=True, timeout=30
             )
             report = facts.parse_gpus(out.stdout)
             self.samples += [g.utilization for g in report.gpus if g.utilization is not None]

@@ -258,3 +258,53 @@ def test_each_folder_says_what_it_owns_and_stays_small(folder: Path) -> None:
     assert doc and len(doc.split()) >= 15, f"{folder}: say what this folder owns"
     own = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
     assert len(own) <= MAX_MODULES_PER_FOLDER, f"{folder}: {len(own)} modules; split it in rooms"
+
+
+# -- sizes ----------------------------------------------------------------------
+
+# A module a reader holds in mind at once, a function a reader sees on one
+# screen. A function's size runs from its ``def`` to its last line
+# (``end_lineno - lineno + 1``): its decorators are not counted, its
+# docstring is.
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(path: Path) -> list[str]:
+    """``path``'s module if it is over MAX_MODULE_LINES and each function or
+    method in it over MAX_FUNCTION_LINES, with their sizes."""
+    source = path.read_text(encoding="utf-8")
+    rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+    found = []
+    lines = len(source.splitlines())
+    if lines > MAX_MODULE_LINES:
+        found.append(f"{rel}: {lines} lines (at most {MAX_MODULE_LINES})")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if size > MAX_FUNCTION_LINES:
+                found.append(
+                    f"{rel}:{node.lineno}: {node.name} {size} lines (at most {MAX_FUNCTION_LINES})"
+                )
+    return found
+
+
+def test_the_size_check_finds_a_long_module_and_a_long_function(tmp_path: Path) -> None:
+    short = "def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
+    long = "@decorator\ndef g():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    filler = "\n" * (MAX_MODULE_LINES - short.count("\n") - long.count("\n") + 1)
+    path = tmp_path / "m.py"
+    path.write_text(short + long + filler)
+    assert oversized(path) == [
+        f"{path}: {MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})",
+        f"{path}:{MAX_FUNCTION_LINES + 2}: g {MAX_FUNCTION_LINES + 1} lines"
+        f" (at most {MAX_FUNCTION_LINES})",
+    ]
+    path.write_text(short)
+    assert oversized(path) == []
+
+
+def test_no_module_or_function_is_too_long() -> None:
+    paths = [p for folder in PRODUCT for p in modules(folder)] + [REPO / "deploy.py"]
+    found = [line for path in paths for line in oversized(path)]
+    assert found == [], "split by concept:\n" + "\n".join(found)

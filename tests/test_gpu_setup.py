@@ -1,5 +1,5 @@
 """GPU nodes that really use their GPUs, and a node image's own TensorFlow
-(issue 18): the commands of infra/node/commands.py run by real bash, their
+(issue 18): the commands of infra/node/probes.py run by real bash, their
 parsers (infra/node/facts.py) on recorded output, and setup's use of both."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from infra.config.loader import ClusterConfig, parse_config
 from infra.errors import RemoteError
-from infra.node import commands
+from infra.node import probes
 from infra.node.facts import GpuCheck, parse_gpu_check, parse_system_tensorflow
 from infra.providers.local import LocalTransport
 from infra.setup.commands import install_command, probe_command
@@ -128,7 +128,7 @@ def test_a_venv_made_with_the_images_tensorflow_counts_as_installed(tmp_path: Pa
 
 def _python_printing(tmp_path: Path, name: str, lines: str) -> str:
     """A stand-in for the node venv's python on a GPU VM (there is no GPU
-    here): prints what ``commands.gpu_check``'s TensorFlow line would."""
+    here): prints what ``probes.gpu_check``'s TensorFlow line would."""
     script = tmp_path / name
     script.write_text(f"#!/bin/sh\nprintf '{lines}'\n")
     script.chmod(0o755)
@@ -155,7 +155,7 @@ def test_up_fails_in_one_line_when_tensorflow_sees_fewer_gpus(tmp_path: Path) ->
 
 def test_the_gpu_check_waits_for_the_driver_only_on_a_deep_learning_image() -> None:
     layout = NodeLayout("tf", "tf/code", "tf/venv/bin/python", "r", "l")
-    script = commands.gpu_check(layout, wait_s=60)
+    script = probes.gpu_check(layout, wait_s=60)
     assert "if [ -d /opt/deeplearning ]" in script and "-lt 60" in script
     assert "list_physical_devices(" in script
 

@@ -1,4 +1,4 @@
-"""`status` shows a node's GPUs: the nvidia-smi query (infra/node/commands.py)
+"""`status` shows a node's GPUs: the nvidia-smi query (infra/node/probes.py)
 run by real bash, its parser (infra/node/facts.py) on recorded output, and the
 column of `deploy.py status` on the local provider.
 
@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.node import commands, facts
+from infra.node import facts, probes
 from infra.node.facts import Gpu
 from tfcluster_cli.render import gpus_text as _gpus
 
@@ -80,7 +80,7 @@ def fake_nvidia_smi(folder: Path, output: str, code: int = 0) -> Path:
 
 def run_query(path: str) -> str:
     result = subprocess.run(
-        ["bash", "-c", commands.gpu_query()],
+        ["bash", "-c", probes.gpu_query()],
         env={"PATH": path, "HOME": os.environ.get("HOME", "/")},
         capture_output=True,
         text=True,

@@ -17,7 +17,6 @@ import click
 import pytest
 from click.testing import CliRunner
 
-import deploy
 from deploy import cli
 from infra.cluster.api import ClusterOverview, NodeView
 from infra.jobs.progress import ProgressEvent, describe, summary_text
@@ -175,7 +174,7 @@ def test_status_table_cells_are_text(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Status words, zones and undeclared names come from the provider."""
-    monkeypatch.setattr(deploy.console, "width", 250)  # one row, no wrapped cell
+    monkeypatch.setattr(consoles.console, "width", 250)  # one row, no wrapped cell
     view = NodeView(
         name="[/x]",
         status="[red]x[/]",
@@ -210,7 +209,7 @@ def test_status_table_cells_are_text(
 def test_report_shows_run_names_and_fields_literally(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(deploy.console, "width", 250)  # one row, no wrapped cell
+    monkeypatch.setattr(consoles.console, "width", 250)  # one row, no wrapped cell
     run_dir = tmp_path / "[bold]x a:smile:b"  # a folder's name holds no "/"
     run_dir.mkdir()
     summary = {

@@ -23,16 +23,8 @@ from infra.setup.facts import parse_compare, parse_install, parse_listing, parse
 from infra.setup.install import InstallPlan, gpu_requirements
 from infra.setup.nodes import install_plan
 from infra.setup.report import NodeSetup, SetupReport
-from infra.setup.sync import (
-    CODE_PATHS,
-    SyncItem,
-    expand_vars,
-    in_sync,
-    local_listing,
-    local_manifest,
-    manifest_text,
-    sync_items,
-)
+from infra.setup.sync import in_sync, local_listing, local_manifest, manifest_text
+from infra.setup.sync_items import CODE_PATHS, SyncItem, expand_vars, sync_items
 from infra.transport.base import NodeLayout
 
 RECORDED = Path(__file__).parent / "recorded"

@@ -16,7 +16,8 @@ import pytest
 
 from infra.setup.commands import rsync_args
 from infra.setup.facts import Comparison, SyncStats, parse_rsync
-from infra.setup.sync import SyncItem, local_manifest, sync_decision, workdir_item
+from infra.setup.sync import local_manifest, sync_decision
+from infra.setup.sync_items import SyncItem, workdir_item
 
 
 def test_send_what_changed_delete_what_is_gone_and_nothing_else(tmp_path: Path) -> None:

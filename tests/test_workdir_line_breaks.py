@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.setup.sync import local_listing, local_manifest, manifest_text, workdir_item
+from infra.setup.sync import local_listing, local_manifest, manifest_text
+from infra.setup.sync_items import workdir_item
 
 BREAKS = ["new\nline.txt", "carriage\rreturn.txt", "form\x0cfeed.txt", "para\u2029sep.txt"]
 

@@ -26,15 +26,8 @@ from infra.config.loader import parse_config
 from infra.errors import ConfigError
 from infra.setup.commands import probe_command, rsync_args
 from infra.setup.facts import SyncStats, parse_listing
-from infra.setup.sync import (
-    _manifest_sync,
-    _under,
-    in_sync,
-    local_listing,
-    sync_items,
-    sync_to_node,
-    workdir_item,
-)
+from infra.setup.sync import _manifest_sync, _under, in_sync, local_listing, sync_to_node
+from infra.setup.sync_items import sync_items, workdir_item
 from infra.transport.base import NodeLayout
 from tests.sync_node import NodeTransport, sync_node
 

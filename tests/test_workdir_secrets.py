@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.config.loader import load_config
-from infra.setup.sync import secret_paths, workdir_item
+from infra.setup.sync_items import secret_paths, workdir_item
 
 
 def test_credentials_keys_and_state_are_never_sent(

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.setup.sync import _manifest_sync, emptied_dirs, workdir_item
+from infra.setup.sync import _manifest_sync, emptied_dirs
+from infra.setup.sync_items import workdir_item
 from infra.transport.ssh import SshTransport
 from tests.sync_node import sync_node
 

@@ -1,6 +1,7 @@
 """The command line's side of tfcluster: how ``deploy.py`` shows things.
 
-``deploy.py`` holds the commands (parse, call ``infra``, render); what they
+``deploy.py`` makes the command group; its commands (parse, call
+``infra``, render) are in ``commands/``, a module per group; what they
 render with is here, one concept a module: the consoles (consoles.py), the
 error printer and the debug log (errors.py), the command group that turns
 errors into one line and an exit code (group.py), the options several

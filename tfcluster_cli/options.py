@@ -1,5 +1,6 @@
-"""The options several ``deploy.py`` commands share, and the parsing of
-option values that is more than a click type: ``train``'s options that
+"""The options several ``deploy.py`` commands share (and ``pass_cluster``,
+which gives each its ``Cluster``), and the parsing of option values that
+is more than a click type: ``train``'s options that
 override cluster.yaml's ``job.*`` (their help shows the value in effect),
 ``--no-recover``, ``--workdir``, ``--detach``, ``--dest``, durations and
 ``--env KEY=VALUE``.
@@ -14,6 +15,9 @@ import click
 
 from infra.cluster.api import Cluster
 from infra.errors import ConfigError
+
+# Hands each command the Cluster that deploy.py's group made of --config.
+pass_cluster = click.make_pass_decorator(Cluster)
 
 recover_option = click.option(
     "--no-recover",

@@ -255,40 +255,6 @@ class Mode:
         return self.task_types == ("chief",)
 
 
-_PARALLEL = "model parallelism (--mode layers)"
-_LAYERS = (
-    Option(
-        "stages",
-        positive_int,
-        help="layers: stages to cut the model into (default one per worker; "
-        "--devices gpu: one per GPU), where the largest holds the fewest parameter bytes",
-        group=_PARALLEL,
-    ),
-    Option(
-        "placement",
-        help=f"layers: which worker holds which layers, by layer-name prefix, e.g. "
-        f"{stages.EXAMPLE}; a layer no prefix names goes with the layer before it",
-        group=_PARALLEL,
-    ),
-    Option(
-        "micro-batches",
-        positive_int,
-        1,
-        "layers: cut each batch into this many pieces that flow through the stages one "
-        "after the other (GPipe): stage k works on piece j+1 while stage k+1 works on piece j",
-        group=_PARALLEL,
-    ),
-    Option(
-        "devices",
-        default="tasks",
-        choices=stages.DEVICE_CHOICES,
-        help="layers: the stages go to the worker tasks, to this node's GPUs, or to its "
-        "CPU split into one logical device per stage (a split tried on one machine)",
-        group=_PARALLEL,
-    ),
-)
-
-
 def _check_layers_job(facts: JobFacts) -> list[str]:
     return stages.check_job(facts.model, _model_layers(facts), facts)
 
@@ -374,7 +340,7 @@ _MODES = (
         workers_serve=True,
         # The loss scale would live on the chief, its checks on every stage.
         mixed_precision=False,
-        options=_LAYERS,
+        options=stages.OPTIONS,
         check_job=_check_layers_job,
     ),
 )

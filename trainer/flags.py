@@ -65,13 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_run_flags(p)
+    _add_output_flags(p)
     _add_performance_flags(p)
     _add_options(p, catalog.options())
     return p
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    """What trains, for how long, and where its data and outputs are."""
+    """What trains, and for how long."""
     # The catalog as it is now: a test registers a toy model and mode.
     p.add_argument("--model", choices=tuple(catalog.MODEL_SPECS), default=catalog.DEFAULT_MODEL)
     p.add_argument(
@@ -105,6 +106,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "for cnn and convnet, constant for dae and sdae)",
     )
     p.add_argument("--seed", type=int, default=1)
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """Where the data and the outputs are: the run folder, its checkpoints,
+    progress and evaluations."""
     p.add_argument(
         "--output-dir",
         help="run folder written by the chief (default: $TFCLUSTER_RUN_DIR, which the "

@@ -81,13 +81,7 @@ class Training:
         task = create_task(config)
         total_steps = self.total_steps(task)
         state = self.build_state(task, total_steps)
-        checkpoints = Checkpoints(
-            state.checkpoint(),
-            self.output_dir,
-            is_chief=self.is_chief,
-            keep=config.keep_checkpoints,
-            options=mode.checkpoint_options(),
-        )
+        checkpoints = self.checkpoints(state)
         restored = checkpoints.restore_latest() if config.resume and self.is_chief else None
         mode.prepare(state)
         start = int(state.step.numpy())
@@ -98,16 +92,7 @@ class Training:
             for phase, optimizer in zip(state.phases, state.optimizers, strict=True)
         ]
         runlog = self.run_log(total_steps, start, announce_phases=len(state.phases) > 1)
-        eval_every = self.eval_every_steps(task)
-        monitor = Monitor(
-            runlog,
-            checkpoints,
-            log_every=config.log_every,
-            checkpoint_every=config.checkpoint_every,
-            before_save=mode.before_save,
-            eval_every=eval_every,
-            evaluate=self.evaluator(task, state.model, runlog, eval_every) if eval_every else None,
-        )
+        monitor = self.monitor(task, state, runlog, checkpoints)
         self.announce(total_steps, start)
 
         runlog.begin()
@@ -135,6 +120,33 @@ class Training:
             self.finish(task, state.model, runlog, summary, results)
         runlog.close()
         mode.leave(iterator)
+
+    def checkpoints(self, state: State) -> Checkpoints:
+        """Where the state is saved, in the mode's way (the chief writes)."""
+        return Checkpoints(
+            state.checkpoint(),
+            self.output_dir,
+            is_chief=self.is_chief,
+            keep=self.config.keep_checkpoints,
+            options=self.mode.checkpoint_options(),
+        )
+
+    def monitor(
+        self, task: Task, state: State, runlog: RunLog, checkpoints: Checkpoints
+    ) -> Monitor:
+        """What the loop does between steps: progress, checkpoints and the
+        evaluations --eval-every asks for."""
+        config = self.config
+        eval_every = self.eval_every_steps(task)
+        return Monitor(
+            runlog,
+            checkpoints,
+            log_every=config.log_every,
+            checkpoint_every=config.checkpoint_every,
+            before_save=self.mode.before_save,
+            eval_every=eval_every,
+            evaluate=self.evaluator(task, state.model, runlog, eval_every) if eval_every else None,
+        )
 
     def announce(self, total_steps: int, start: int) -> None:
         """The state is built: on the progress protocol and in the log."""

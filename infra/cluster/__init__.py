@@ -3,7 +3,8 @@ command. It returns data and reports through callbacks; it never prints.
 Its parts: what they all stand on (``base.py``), the nodes' life (up, stop,
 start, down: ``lifecycle.py``; idle nodes stopping themselves:
 ``autostop.py``), jobs (``jobs.py``), runs brought home (``runs.py``), the
-bucket (``bucket.py``), and logs/exec/shell/TensorBoard (``access.py``).
+bucket (the nodes' side: ``bucket.py``; runs read back here:
+``bucket_runs.py``), and logs/exec/shell/TensorBoard (``access.py``).
 
 Imports jobs and everything below.
 """

@@ -38,7 +38,7 @@ from infra.cluster.lifecycle import (
 from infra.cluster.runs import ClusterRuns
 from infra.errors import ConfigError, CredentialsError, StateError, TfclusterError
 from infra.jobs.run import JobReporter, JobResult, run_job
-from infra.node import commands, facts
+from infra.node import facts, probes
 from infra.providers.base import Node, NodeState, Pricing
 from infra.spec.job import JobRecord
 from infra.transport.fanout import fan_out
@@ -187,7 +187,7 @@ class Cluster(ClusterRuns, ClusterAccess):
 
         def ask(node: str) -> facts.GpuReport:
             try:
-                result = transport.run(node, commands.gpu_query(), timeout=GPU_QUERY_TIMEOUT_S)
+                result = transport.run(node, probes.gpu_query(), timeout=GPU_QUERY_TIMEOUT_S)
             except TfclusterError as exc:
                 return facts.GpuReport((), f"not asked: {exc}")
             return facts.parse_gpus(result.stdout)

@@ -7,9 +7,12 @@
   with the node's credentials, and what landed in the bucket at its end;
 * ``drain_uploads``: ``down`` and ``stop`` wait for the nodes' pending
   uploads, bounded; Ctrl-C skips the wait and says what is not there;
-* ``bucket_runs``, ``fetch_from_bucket``, ``restore_from_bucket``: runs
-  read back from the bucket (``runs``, ``fetch`` after ``down``,
-  ``report``, ``tensorboard``, ``train --resume`` on a new cluster).
+* ``bucket_spec``, ``data_from_bucket``, ``restore_from_bucket``: a
+  launch's ``--data-dir gs://...`` copied to each node's cache, and a run
+  resumed on a new cluster given its checkpoints back from the bucket.
+
+The runs read back to this machine (``runs``, ``fetch`` after ``down``,
+``report``, ``tensorboard``) are bucket_runs.py, which this stands on.
 
 A mixin of ``Cluster`` (infra/cluster/api.py). Every method is a no-op or a
 clear StateError where cluster.yaml has no ``storage``.
@@ -18,30 +21,22 @@ clear StateError where cluster.yaml has no ``storage``.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from infra.bucket import commands as upload_commands
 from infra.bucket.commands import BucketOutcome, UploadState
-from infra.cluster.base import ClusterBase
+from infra.cluster.bucket_runs import ClusterBucketRuns
 from infra.config.storage import StorageConfig
 from infra.errors import ConfigError, RemoteError, StateError, TfclusterError, combine_errors
 from infra.providers.base import Node, NodeState
-from infra.spec.job import JobRecord, JobSpec
+from infra.spec.job import JobSpec
 from infra.spec.tfconfig import TaskSpec
-from infra.storage.urls import GsUrl, parse_gs_url, run_id_problem
+from infra.storage.urls import GsUrl, parse_gs_url
 from infra.transport.base import Transport
 from infra.transport.fanout import fan_out
-
-if TYPE_CHECKING:
-    from infra.bucket.runs import BucketRun
 
 log = logging.getLogger("tfcluster")
 
@@ -55,20 +50,8 @@ DRAIN_WAIT_S = 600.0
 NODE_KEY = "storage-key.json"
 
 
-class ClusterBucket(ClusterBase):
+class ClusterBucket(ClusterBucketRuns):
     """The cluster's bucket (see the module's docstring)."""
-
-    @property
-    def storage(self) -> StorageConfig | None:
-        return self.config.storage
-
-    def _need_storage(self) -> StorageConfig:
-        if self.storage is None:
-            raise StateError(
-                f"{self.config.source} has no storage section: runs are only on the nodes; "
-                "add storage: {bucket: gs://BUCKET/PREFIX} to keep them in a bucket"
-            )
-        return self.storage
 
     def check_bucket(self) -> None:
         """The bucket exists and the nodes' writer may write it (``up``,
@@ -78,9 +61,6 @@ class ClusterBucket(ClusterBase):
         from infra.bucket.check import check_bucket
 
         check_bucket(self.storage, self.config.base_dir, self.provider.bucket_identity())
-
-    def bucket_url(self, run_id: str) -> GsUrl | None:
-        return self.storage.run_url(self.config.name, run_id) if self.storage else None
 
     def bucket_env(self, run_id: str) -> dict[str, str]:
         """TFCLUSTER_BUCKET_URL for every task of the job (none without storage)."""
@@ -343,26 +323,7 @@ class ClusterBucket(ClusterBase):
         argv[at] = cache
         return replace(spec, program=replace(spec.program, argv=tuple(argv)))
 
-    # -- runs read back ----------------------------------------------------------
-
-    def last_bucket_run(self) -> JobRecord | None:
-        """The newest training of the built-in trainer in the bucket, as a
-        job record (``train --resume`` where this machine knows no earlier
-        job: a new state folder, another machine); None without storage."""
-        if self.storage is None:
-            return None
-        trainings = [r for r in self.bucket_runs() if r.model and r.mode]
-        if not trainings:
-            return None
-        last = trainings[-1]
-        return JobRecord(
-            run_id=last.run_id,
-            chief_node=self.config.roles.chief[0],
-            output_dir=f"runs/{last.run_id}",
-            started_at=last.started_at,
-            model=last.model,
-            mode=last.mode,
-        )
+    # -- a run resumed on a new cluster ---------------------------------------
 
     def restore_from_bucket(
         self, transport: Transport, node: str, run_dir: str, run_id: str
@@ -389,68 +350,6 @@ class ClusterBucket(ClusterBase):
             )
         if restored:
             log.info("restored %d checkpoint file(s) of %s from %s", restored, run_id, url)
-
-    def bucket_runs(self) -> list[BucketRun]:
-        """The runs of this cluster in its bucket (``deploy.py runs``)."""
-        from infra.bucket.client import errors, open_client
-        from infra.bucket.runs import list_runs
-
-        storage = self._need_storage()
-        url = storage.cluster_url(self.config.name)
-        with errors(f"listing {url}"):
-            return list(list_runs(open_client(storage, self.config.base_dir), url))
-
-    def run_in_bucket(self, run: str) -> GsUrl:
-        """A run as the user names it (a run id, or a gs:// URL): its folder."""
-        if run.startswith("gs://"):
-            try:
-                return parse_gs_url(run)
-            except ValueError as exc:
-                raise ConfigError(f"RUN: {exc}") from None
-        if (problem := run_id_problem(run)) is not None:
-            raise ConfigError(f"RUN: {problem}")
-        url = self.bucket_url(run)
-        if url is None:
-            self._need_storage()
-            raise AssertionError("unreachable")
-        return url
-
-    def names_bucket_run(self, run: str) -> bool:
-        """Whether ``run`` (``report``'s argument) names a run in the bucket
-        rather than a folder here: a gs:// URL, or, with ``storage``, a run
-        id that is no folder here. A path that is no folder (a typo) is
-        not: it is said to be missing, not "not a run id"."""
-        if run.startswith("gs://"):
-            return True
-        return self.storage is not None and not Path(run).exists() and run_id_problem(run) is None
-
-    def bucket_copy(self, run: str) -> Path:
-        """A run in the bucket (a run id or gs://...) as a folder here, for
-        ``report`` and ``tensorboard``: fetched afresh into this cluster's
-        state folder (``bucket-runs/``), whole, before the old copy goes."""
-        url = self.run_in_bucket(run)
-        # The URL's parts were checked (no '..', no empty name): folders.
-        final = self.state.dir.joinpath("bucket-runs", url.bucket, *url.path.split("/"))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fresh = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
-        try:
-            self.fetch_from_bucket(url, fresh / "run")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(fresh / "run", final)
-        finally:
-            shutil.rmtree(fresh, ignore_errors=True)
-        return final
-
-    def fetch_from_bucket(self, url: GsUrl, dest: Path) -> int:
-        """A run folder from the bucket into ``dest``; how many files."""
-        from infra.bucket.client import errors, open_client
-        from infra.bucket.runs import fetch_run
-
-        storage = self.storage or StorageConfig(bucket=f"gs://{url.bucket}")
-        with errors(f"fetching {url}"):
-            client = open_client(storage, self.config.base_dir)
-            return fetch_run(client, url, dest, self.config.fetch.limits())
 
 
 def _missing(states: Sequence[UploadState], url_of: Callable[[str], object]) -> str:

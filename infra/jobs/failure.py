@@ -8,14 +8,20 @@ keeps the last traceback's innermost frame and its exception, the exception
 cut to a few lines (its first and its last, which names the type), and
 otherwise the log's last lines; each line cut to a screen's width or so,
 TensorFlow's load-time log (infra/jobs/tf_noise.py) left out.
-``deploy.py logs`` has every line.
+``deploy.py logs`` has every line. ``failure_details`` reads those lines
+from the failed tasks' nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infra.errors import HostKeyChanged, RemoteError
 from infra.jobs.tf_noise import is_tf_noise
+from infra.node import commands
+from infra.spec.tfconfig import TaskSpec
+from infra.text import node_text
+from infra.transport.base import Transport
 
 TRACEBACK = "Traceback (most recent call last):"
 # Lines of a log read to find the failure, and lines shown without a traceback.
@@ -88,3 +94,31 @@ def strategy_hint(lines: Sequence[str]) -> str | None:
         if any(needle in line for line in lines):
             return hint
     return None
+
+
+def failure_details(transport: Transport, tasks: Sequence[TaskSpec]) -> list[str]:
+    """What these tasks' logs end with, ``node/task | line``: the last
+    traceback's exception, long values cut (``condense``). A node that does
+    not answer has no details; one whose host key changed is raised once
+    the others were read."""
+    lines: list[str] = []
+    changed: HostKeyChanged | None = None
+    for task in tasks:
+        try:
+            result = transport.run(
+                task.node,
+                commands.task_log_tail(transport.layout(task.node), task.name, READ_LINES),
+                timeout=30,
+            )
+        except HostKeyChanged as exc:
+            changed = changed or exc
+            continue
+        except RemoteError:
+            continue
+        lines += [
+            f"{task.node}/{task.name} | {node_text(line)}"
+            for line in condense(result.stdout.split("\n"))
+        ]
+    if changed is not None:
+        raise changed
+    return lines

@@ -338,31 +338,8 @@ class Job:
         return [t for t in self.tasks if (s := alive.get(t.name)) is not None and s.alive]
 
     def failure_details(self, tasks: Sequence[TaskSpec]) -> list[str]:
-        """What these tasks' logs end with, ``node/task | line``: the last
-        traceback's exception, long values cut (infra/jobs/failure.py)."""
-        lines: list[str] = []
-        changed: HostKeyChanged | None = None
-        for task in tasks:
-            try:
-                result = self.transport.run(
-                    task.node,
-                    commands.task_log_tail(
-                        self.transport.layout(task.node), task.name, failure.READ_LINES
-                    ),
-                    timeout=30,
-                )
-            except HostKeyChanged as exc:
-                changed = changed or exc
-                continue
-            except RemoteError:
-                continue
-            lines += [
-                f"{task.node}/{task.name} | {node_text(line)}"
-                for line in failure.condense(result.stdout.split("\n"))
-            ]
-        if changed is not None:
-            raise changed
-        return lines
+        """What these tasks' logs end with (infra/jobs/failure.py)."""
+        return failure.failure_details(self.transport, tasks)
 
     def failed_tasks(self) -> list[TaskSpec]:
         """The chief and every other task that ended with a non-zero code;

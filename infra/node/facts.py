@@ -1,4 +1,5 @@
-"""Parsers for what the commands of ``infra/node/commands.py`` print.
+"""Parsers for what the commands of ``infra/node/commands.py`` and
+``infra/node/probes.py`` print.
 
 Kept apart from the commands (as pyinfra's facts are) so each parser is
 tested on recorded output, with no node needed.
@@ -147,7 +148,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class GpuReport:
-    """What ``commands.gpu_query`` found: the GPUs, and why there are none
+    """What ``probes.gpu_query`` found: the GPUs, and why there are none
     when nvidia-smi is missing or failed (``problem``)."""
 
     gpus: tuple[Gpu, ...]
@@ -171,7 +172,7 @@ def _number(text: str) -> int | None:
 
 
 def parse_gpus(stdout: str) -> GpuReport:
-    """``commands.gpu_query`` output -> the GPUs. A name may hold commas
+    """``probes.gpu_query`` output -> the GPUs. A name may hold commas
     (nvidia-smi does not quote them): the two numbers are the last fields."""
     lines = [line.strip() for line in stdout.splitlines() if line.strip()]
     if lines == ["no nvidia-smi"]:

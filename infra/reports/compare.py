@@ -256,7 +256,18 @@ def plot_figure(rows_or_runs: Sequence[Row] | Sequence[Run]) -> Any:
     rows = compute_rows(runs)
     kinds = [kind for _, kind in FINAL_METRICS if any(kind in m for r in runs for m in r.metrics)]
     fig, axes = plt.subplots(1, 1 + len(kinds), figsize=(5.5 * (1 + len(kinds)), 4), squeeze=False)
-    speed = axes[0][0]
+    _plot_speedup(axes[0][0], rows)
+    for axis, kind in zip(axes[0][1:], kinds, strict=True):
+        _plot_curves(axis, kind, runs, rows)
+    for axis in axes[0]:
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_speedup(speed: Any, rows: Sequence[Row]) -> None:
+    """The first panel: each model and mode's speedup by workers, against
+    the linear one."""
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     counted = [row for row in rows if isinstance(row.workers, int)]
     for row in counted:
@@ -284,24 +295,23 @@ def plot_figure(rows_or_runs: Sequence[Row] | Sequence[Run]) -> Any:
     speed.set(xlabel="workers", ylabel="speedup (examples/s vs 1 worker)", title="Speedup")
     speed.xaxis.get_major_locator().set_params(integer=True)
     speed.legend(fontsize="small")
-    for axis, kind in zip(axes[0][1:], kinds, strict=True):
-        for run, row in zip(runs, rows, strict=True):
-            curve = [
-                (x, y)
-                for m in run.metrics
-                if (x := as_float(m["elapsed"])) is not None
-                and (y := as_float(m.get(kind))) is not None
-            ]
-            if curve:
-                axis.plot(
-                    [p[0] for p in curve],
-                    [p[1] for p in curve],
-                    marker=".",
-                    label=f"{row.run[:60]}: {row.model} {row.mode} x{row.workers}",
-                )
-        axis.set(xlabel="training seconds", ylabel=f"training {kind}", title=f"Time to {kind}")
-        axis.legend(fontsize="small")
-    for axis in axes[0]:
-        axis.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+
+
+def _plot_curves(axis: Any, kind: str, runs: Sequence[Run], rows: Sequence[Row]) -> None:
+    """A panel of a training metric (``kind``) by seconds, a line a run."""
+    for run, row in zip(runs, rows, strict=True):
+        curve = [
+            (x, y)
+            for m in run.metrics
+            if (x := as_float(m["elapsed"])) is not None
+            and (y := as_float(m.get(kind))) is not None
+        ]
+        if curve:
+            axis.plot(
+                [p[0] for p in curve],
+                [p[1] for p in curve],
+                marker=".",
+                label=f"{row.run[:60]}: {row.model} {row.mode} x{row.workers}",
+            )
+    axis.set(xlabel="training seconds", ylabel=f"training {kind}", title=f"Time to {kind}")
+    axis.legend(fontsize="small")

@@ -1,8 +1,8 @@
 """Install and sync a node: what ``up`` does on every node once it runs, and
 ``train`` before a job (``nodes.py``). The venv and its fingerprint
 (``install.py``, ``install_plan.py``), the checkout, data and working folder
-(``sync.py``, ``workdir.py``), the code a job started with
-(``code_snapshot.py``); the commands (``commands.py``) beside the parsers of
+(what goes: ``sync_items.py``, ``workdir.py``; how: ``sync.py``), the code
+a job started with (``code_snapshot.py``); the commands (``commands.py``) beside the parsers of
 their output (``facts.py``), and what setup did (``report.py``).
 
 Imports providers and everything below them.

@@ -24,7 +24,7 @@ from infra.config.loader import ClusterConfig
 from infra.errors import StateError
 from infra.setup.commands import check_code_command, record_code_command
 from infra.setup.facts import parse_code_check
-from infra.setup.sync import sync_items
+from infra.setup.sync_items import sync_items
 from infra.text import node_text
 from infra.transport.base import Transport
 

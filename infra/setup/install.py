@@ -47,13 +47,14 @@ from pathlib import Path
 
 from infra.config.loader import ClusterConfig
 from infra.errors import ConfigError, RemoteError
-from infra.node import commands
+from infra.node import probes
 from infra.node.facts import parse_system_tensorflow
 from infra.setup.commands import FACT, install_command, user_requirements_command
 from infra.setup.facts import parse_install
 from infra.setup.install_plan import InstallPlan
 from infra.setup.report import NodeSetup, OnEvent
-from infra.setup.sync import PROJECT_ROOT, SyncItem, sync_to_node
+from infra.setup.sync import sync_to_node
+from infra.setup.sync_items import PROJECT_ROOT, SyncItem
 from infra.transport.base import Transport
 
 log = logging.getLogger("tfcluster")
@@ -167,7 +168,7 @@ def _image_tensorflow(
     want = plan.tensorflow
     if want is None:
         return plan
-    result = transport.run(node, commands.system_tensorflow(config.setup.python), timeout=60)
+    result = transport.run(node, probes.system_tensorflow(config.setup.python), timeout=60)
     have = parse_system_tensorflow(result.stdout) if result.ok else None
     if have != want:
         if have is not None:

@@ -15,7 +15,7 @@ pip brings CUDA and cuDNN as wheels, but the NVIDIA *driver* must come with
 the machine: a Deep Learning VM image installs it on first boot (the gce
 provider sets ``install-nvidia-driver=True``; config refuses GPUs on the
 stock Debian/Ubuntu images). After the install, every GPU node must have
-TensorFlow see all its GPUs (``commands.gpu_check``, waiting for a
+TensorFlow see all its GPUs (``probes.gpu_check``, waiting for a
 first-boot driver install), else setup fails: no silent CPU run on a GPU
 bill.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from infra.config.loader import ClusterConfig
 from infra.config.providers import provider_class
 from infra.errors import ConfigError, RemoteError, StateError, combine_errors
-from infra.node import commands
+from infra.node import probes
 from infra.node.facts import parse_gpu_check
 from infra.setup.commands import probe_command
 from infra.setup.facts import Probe, parse_listing, parse_probe
@@ -49,13 +49,13 @@ from infra.setup.install import (
     wheelhouse_listing,
 )
 from infra.setup.report import NodeSetup, OnEvent, SetupReport
-from infra.setup.sync import (
+from infra.setup.sync import sync_stale
+from infra.setup.sync_items import (
     PROJECT_ROOT,
     SyncItem,
     expand_vars,
     secret_paths,
     sync_items,
-    sync_stale,
     workdir_item,
 )
 from infra.transport.base import NodeLayout, Transport
@@ -191,7 +191,7 @@ def _check_gpus(
     the node has: no silent CPU run on a GPU bill."""
     want = expected_gpus(config)
     on_event(node, "checking that TensorFlow sees the GPUs")
-    result = transport.run(node, commands.gpu_check(layout), timeout=commands.DRIVER_WAIT_S + 300)
+    result = transport.run(node, probes.gpu_check(layout), timeout=probes.DRIVER_WAIT_S + 300)
     check = parse_gpu_check(result.stdout)
     seen = check.tf_gpus or 0
     if seen >= want:

@@ -45,6 +45,7 @@ from infra.transport.fetch import fetch_staged, rsync_fetch_args, run_watched, s
 from infra.transport.host_keys import SSH_HOST_KEY_REFUSED, host_key_changed, known_hosts_name
 from infra.transport.ssh_connections import SshConnections, SshTarget
 from infra.transport.ssh_stream import follow
+from infra.transport.system_ssh import system_ssh_argv
 
 if TYPE_CHECKING:
     from infra.transport.host_keys import HostKeys
@@ -277,32 +278,15 @@ class SshTransport(Transport):
         """The system ssh with this cluster's key and pins, up to the host
         (no command): for rsync's ``-e`` and ``interactive``."""
         target = self.target(node)
-        alias = self.connections.aliases.get(node)
-        argv = [
-            "ssh",
-            # -o, not -i: ssh checks an -i file before expanding its %-tokens.
-            "-o", f"IdentityFile={_ssh_option_path(self.key_file)}",
-            "-p", str(target.port),
-            "-l", self.user,
-            "-o", "IdentitiesOnly=yes",
-            "-o", "IdentityAgent=none",
-            "-o", f"UserKnownHostsFile={_ssh_option_path(self.state.known_hosts)}",
-            "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", "HashKnownHosts=no",
-            *(["-o", f"HostKeyAlias={alias}"] if alias else []),
-            "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
-            "-o", "ServerAliveInterval=15",
-            "-F", "/dev/null",
-        ]  # fmt: skip
-        if batch:
-            argv += ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
-            # rsync opens a connection per call: OpenSSH's default hybrid
-            # post-quantum key exchange adds ~0.1 s of CPU to each, which on
-            # small nodes is most of a no-op sync. X25519 is what the
-            # paramiko connections (every command) use anyway.
-            argv += ["-o", "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org"]
-        return argv
+        return system_ssh_argv(
+            key_file=self.key_file,
+            known_hosts=self.state.known_hosts,
+            user=self.user,
+            port=target.port,
+            alias=self.connections.aliases.get(node),
+            connect_timeout=self.connect_timeout,
+            batch=batch,
+        )
 
     def rsync_remote(self, node: str, path: str) -> str:
         """``user@host:path`` as rsync spells it (IPv6 in brackets)."""
@@ -442,16 +426,6 @@ def _wait_listening(node: str, port: int) -> None:
                     f"in {TUNNEL_LISTEN_S:.0f} s"
                 ) from None
             time.sleep(0.02)
-
-
-def _ssh_option_path(path: Path) -> str:
-    """A file as an ``-o Key=value`` value: OpenSSH expands %-tokens in file
-    options and splits the value at spaces unless double-quoted (with \\
-    and \" escaped)."""
-    text = str(path).replace("%", "%%")
-    if all(c.isalnum() or c in "_./+,:@-" for c in text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _rsync_failed(node: str, done: subprocess.CompletedProcess[str]) -> RemoteError:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.setup.nodes import install_plan, setup_nodes, sync_nodes
-from infra.setup.sync import CODE_PATHS, PROJECT_ROOT
+from infra.setup.sync_items import CODE_PATHS, PROJECT_ROOT
 from tests.docker.conftest import StartNode, ssh_config, transport_for, write_config
 
 pytestmark = pytest.mark.docker
@@ -138,7 +138,7 @@ def test_sync_sends_only_changes(
         transport.wait_ready(timeout=30)
         first = sync_nodes(transport, config).nodes["pc-1"]
         assert first.method == method
-        # What the checkout sends as code (sync.CODE_PATHS): the trainer,
+        # What the checkout sends as code (sync_items.CODE_PATHS): the trainer,
         # the node's uploader, pyproject.toml.
         code_files = 0
         for name in CODE_PATHS:

@@ -22,10 +22,45 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainer.layers.architectures import LayerSpec
-from trainer.options import JobFacts
+from trainer.options import JobFacts, Option, positive_int
 
 DEVICE_CHOICES = ("tasks", "gpu", "cpu")
 EXAMPLE = "conv:0,dense:1"
+
+_GROUP = "model parallelism (--mode layers)"
+# The layers mode's own flags (``--stages`` and the rest), declared beside
+# the cutting they set; its catalog entry lists them.
+OPTIONS = (
+    Option(
+        "stages",
+        positive_int,
+        help="layers: stages to cut the model into (default one per worker; "
+        "--devices gpu: one per GPU), where the largest holds the fewest parameter bytes",
+        group=_GROUP,
+    ),
+    Option(
+        "placement",
+        help=f"layers: which worker holds which layers, by layer-name prefix, e.g. "
+        f"{EXAMPLE}; a layer no prefix names goes with the layer before it",
+        group=_GROUP,
+    ),
+    Option(
+        "micro-batches",
+        positive_int,
+        1,
+        "layers: cut each batch into this many pieces that flow through the stages one "
+        "after the other (GPipe): stage k works on piece j+1 while stage k+1 works on piece j",
+        group=_GROUP,
+    ),
+    Option(
+        "devices",
+        default="tasks",
+        choices=DEVICE_CHOICES,
+        help="layers: the stages go to the worker tasks, to this node's GPUs, or to its "
+        "CPU split into one logical device per stage (a split tried on one machine)",
+        group=_GROUP,
+    ),
+)
 
 
 @dataclass(frozen=True)

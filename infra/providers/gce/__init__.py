@@ -38,7 +38,8 @@ lists every zone's reason (``instances.py``).
 The modules, one idea each: ``api`` (clients, retries, operations),
 ``errors`` (API failures read and translated), ``parallel`` (batches and
 their cancellation), ``nodes`` (listing, labels, host keys), ``instances``
-(create, start, stop, delete), ``firewall``, ``project`` (checks that read
+(create, start, stop, delete), ``body`` (a new instance's disk, network,
+scheduling and GPUs, from cluster.yaml alone), ``firewall``, ``project`` (checks that read
 the project), ``checks`` (static checks, no API call), ``pricing`` (the
 provider's ``Pricing``, from ``price_table``'s dated list prices),
 ``config`` (cluster.yaml's ``gce`` section, ``GceProvider.config_section``), and

@@ -20,7 +20,7 @@ from typing import cast
 from infra.config.loader import in_file
 from infra.errors import CapacityError, ConfigError, ProviderError, StateError
 from infra.providers.base import NodeState, login_key
-from infra.providers.gce import checks, identity
+from infra.providers.gce import body, checks, identity
 from infra.providers.gce._google import api_exceptions, compute_v1
 from infra.providers.gce.api import _CALL_TIMEOUT_S, _last, _retried
 from infra.providers.gce.errors import (
@@ -96,54 +96,9 @@ class GceInstances(GceNodes):
         except api_exceptions.NotFound:
             return None
 
-    def _nic(self, zone: str) -> compute_v1.NetworkInterface:
-        """The node's network interface, in gce.subnetwork when set."""
-        gce = self.gce
-        nic = compute_v1.NetworkInterface(
-            network=self._network(),
-            # An external address: this machine reaches sshd on it.
-            access_configs=[
-                compute_v1.AccessConfig(
-                    name="External NAT", type_="ONE_TO_ONE_NAT", network_tier="PREMIUM"
-                )
-            ],
-        )
-        if gce.subnetwork:
-            region = zone.rsplit("-", 1)[0]
-            nic.subnetwork = (
-                gce.subnetwork
-                if "/" in gce.subnetwork
-                else f"regions/{region}/subnetworks/{gce.subnetwork}"
-            )
-        return nic
-
     def _instance_body(self, zone: str, name: str, public_key: str) -> compute_v1.Instance:
         gce = self.gce
         labels = self._labels(name)
-        nic = self._nic(zone)
-        scheduling = compute_v1.Scheduling()
-        if gce.preemptible:
-            scheduling.provisioning_model = "SPOT"
-            # STOP, not DELETE: a preempted node keeps its disk; `up` starts it again.
-            scheduling.instance_termination_action = "STOP"
-            scheduling.automatic_restart = False
-            scheduling.on_host_maintenance = "TERMINATE"
-        accelerators = []
-        if checks.builtin_gpus(gce.machine_type) is not None:
-            # A2/G2/A3: GPUs built in, and no live migration either.
-            scheduling.on_host_maintenance = "TERMINATE"
-        if gce.accelerator is not None:
-            accelerators = [
-                compute_v1.AcceleratorConfig(
-                    accelerator_type=(
-                        f"projects/{self.api.project}/zones/{zone}/acceleratorTypes/"
-                        f"{gce.accelerator.type}"
-                    ),
-                    accelerator_count=gce.accelerator.count,
-                )
-            ]
-            # GPUs cannot live-migrate: GCE refuses MIGRATE with accelerators.
-            scheduling.on_host_maintenance = "TERMINATE"
         return compute_v1.Instance(
             name=name,
             description=f"tfcluster {self.config.name} node {name}",
@@ -156,21 +111,10 @@ class GceInstances(GceNodes):
                     for k, v in self._metadata_items(public_key).items()
                 ]
             ),
-            disks=[
-                compute_v1.AttachedDisk(
-                    boot=True,
-                    auto_delete=True,  # `down` leaves no disk to pay for
-                    initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        source_image=gce.image,
-                        disk_size_gb=checks.disk_gb(gce, self._image_gb),
-                        disk_type=f"zones/{zone}/diskTypes/{gce.disk_type}",
-                        labels=labels,
-                    ),
-                )
-            ],
-            network_interfaces=[nic],
-            scheduling=scheduling,
-            guest_accelerators=accelerators,
+            disks=[body.boot_disk(gce, zone, labels, self._image_gb)],
+            network_interfaces=[body.network_interface(gce, self._network(), zone)],
+            scheduling=body.scheduling(gce),
+            guest_accelerators=body.accelerators(gce, self.api.project, zone),
             # The node's identity: its metadata server's tokens (for gs://).
             service_accounts=[
                 compute_v1.ServiceAccount(
