@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from deploy import cli
-from infra.cluster.api import ClusterOverview, NodeView
+from infra.cluster.overview import ClusterOverview, NodeView
 from infra.jobs.progress import ProgressEvent, describe, summary_text
 from infra.node.facts import Gpu, GpuReport, parse_tail
 from infra.text import node_text

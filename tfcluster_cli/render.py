@@ -20,8 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from infra.cluster.access import JobEnd
-from infra.cluster.api import Cluster, ClusterOverview, NodeView
+from infra.cluster.api import Cluster
 from infra.cluster.lifecycle import DownPlan, UpPlan
+from infra.cluster.overview import ClusterOverview, NodeView
 from infra.jobs.progress import summary_text
 from infra.jobs.run import JobResult
 from infra.node.facts import GpuReport

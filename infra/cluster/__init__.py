@@ -4,7 +4,9 @@ Its parts: what they all stand on (``base.py``), the nodes' life (up, stop,
 start, down: ``lifecycle.py``; idle nodes stopping themselves:
 ``autostop.py``), jobs (``jobs.py``), runs brought home (``runs.py``), the
 bucket (the nodes' side: ``bucket.py``; runs read back here:
-``bucket_runs.py``), and logs/exec/shell/TensorBoard (``access.py``).
+``bucket_runs.py``), the nodes made ready for any job (``ready.py``),
+logs/exec/shell/TensorBoard (``access.py``), and what ``status`` shows, as
+data (``overview.py``).
 
 Imports jobs and everything below.
 """

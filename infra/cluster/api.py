@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,12 +35,12 @@ from infra.cluster.lifecycle import (
     plan_up,
     require_running,
 )
+from infra.cluster.overview import ClusterOverview, NodeView
 from infra.cluster.runs import ClusterRuns
 from infra.errors import ConfigError, CredentialsError, StateError, TfclusterError
 from infra.jobs.run import JobReporter, JobResult, run_job
 from infra.node import facts, probes
 from infra.providers.base import Node, NodeState, Pricing
-from infra.spec.job import JobRecord
 from infra.transport.fanout import fan_out
 
 if TYPE_CHECKING:
@@ -53,48 +53,6 @@ log = logging.getLogger("tfcluster")
 GPU_QUERY_TIMEOUT_S = 20.0
 # A GPU node's GPUs in `status` when nobody asked it (`up --skip-setup`).
 GPUS_UNCHECKED = "unchecked (setup skipped)"
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """One row of ``status``: a node as the provider sees it, with its roles."""
-
-    name: str
-    status: str  # the provider's word (RUNNING, TERMINATED, ...) or ABSENT
-    state: str  # pending | running | stopping | stopped | absent
-    roles: list[str]
-    zone: str | None
-    internal_ip: str | None
-    external_ip: str | None
-    machine_type: str | None
-    accelerators: str | None
-    preemptible: bool
-    declared: bool  # in cluster.yaml (an undeclared one still carries our label)
-    hourly_usd: float | None  # this node as it is now (a stopped one pays its disk)
-    gpus: facts.GpuReport | None = None  # None: not asked (see Cluster.status)
-    # The cloud identity of its programs (GCE: the service account and its scopes).
-    service_account: str | None = None
-    scopes: list[str] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["gpus"] = self.gpus.as_dict() if self.gpus is not None else None
-        return out
-
-
-@dataclass(frozen=True)
-class ClusterOverview:
-    """What `status` shows of a cluster, gathered at once (``Cluster.overview``):
-    its nodes, the estimated USD/hour now and where that comes from, its
-    autostop and its last job."""
-
-    name: str
-    provider: str
-    views: list[NodeView]
-    hourly_usd: float | None
-    price_source: str | None
-    idle: autostop.ClusterIdle | None
-    last_job: JobRecord | None
 
 
 class Cluster(ClusterRuns, ClusterAccess):
