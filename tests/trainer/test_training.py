@@ -104,6 +104,9 @@ def test_async_cnn_with_ps_and_two_workers_learns_mnist(
     # of 300 on a busy CI machine); trainer/steps.AtomicCounter's is not.
     assert summary["optimizer_iterations"] == {"train": summary["steps"]}
     assert summary["test_accuracy"] >= 0.97, summary
+    # The defaults (trainer/hosting.py, --bfloat16): the dense layer on the
+    # ps, the layers in bfloat16; learning as above all the same.
+    assert summary["dense_on_ps"] is True and summary["bfloat16"] is True
     # ps and workers only serve, and still do: the job stops them.
     assert all(job.processes[n].poll() is None for n in ("ps-0", "worker-0", "worker-1"))
 

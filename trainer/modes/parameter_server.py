@@ -17,6 +17,7 @@ import tensorflow as tf
 from trainer import catalog
 from trainer.distribute import ClusterInfo
 from trainer.flags import Config
+from trainer.hosting import host_dense_layers
 from trainer.inputs import worker_stream_key
 from trainer.loop import Monitor, PhaseRun, run_async
 from trainer.models.base import Phase, Task
@@ -25,6 +26,10 @@ from trainer.steps import overlapped_calls, train_calls
 
 if TYPE_CHECKING:
     from trainer.checkpoints import State
+
+
+# Keras' policy for --bfloat16: bfloat16 computation, float32 variables.
+BFLOAT16_POLICY = "mixed_bfloat16"
 
 
 class AsyncMode(TrainingMode):
@@ -63,10 +68,42 @@ class AsyncMode(TrainingMode):
         """--overlap with one replica per worker."""
         return bool(self.config.options["overlap"]) and self.strategy.num_replicas_in_sync == 1
 
+    @property
+    def bfloat16(self) -> bool:
+        """--bfloat16, for the models whose losses read float32 logits out
+        of a lower-precision model (those that take --mixed-precision
+        elsewhere)."""
+        takes_it = catalog.model(self.config.model).mixed_precision
+        return bool(self.config.options["bfloat16"]) and takes_it
+
+    def build_model(self, task: Task) -> keras.Model:
+        """The model, its layers computing in bfloat16 with ``bfloat16``.
+        Keras' policy is global and read when a layer is made: set for
+        this model's layers only. No loss scale: bfloat16 has float32's
+        exponent range, so gradients do not underflow where float16's do
+        (and async mode has no place for a scale: it would live on the ps)."""
+        if not self.bfloat16:
+            return super().build_model(task)
+        before = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(BFLOAT16_POLICY)
+        try:
+            return super().build_model(task)
+        finally:
+            keras.mixed_precision.set_global_policy(before)
+
+    @property
+    def dense_on_ps(self) -> bool:
+        """--dense-on-ps, where the step is not XLA-compiled (a compiled
+        step runs on one device)."""
+        return bool(self.config.options["dense_on_ps"]) and not self.config.jit
+
     def calls(self, phase: Phase, optimizer: keras.optimizers.Optimizer, state: State) -> Call:
         """Overlapped with the ps's updates (``--overlap``), else step by
-        step, each step guarded against overshooting the phase's end."""
+        step, each step guarded against overshooting the phase's end; the
+        model's dense layers on the ps (``--dense-on-ps``)."""
         variables, jit = state.model.variables, self.config.jit
+        if self.dense_on_ps:
+            host_dense_layers(state.model)
         if self.overlapped:
             return overlapped_calls(self.strategy, phase, optimizer, variables, state.step, jit=jit)
         return train_calls(
@@ -87,7 +124,11 @@ class AsyncMode(TrainingMode):
         )
 
     def summary(self) -> dict[str, Any]:
-        return {"overlap": self.overlapped}
+        return {
+            "overlap": self.overlapped,
+            "dense_on_ps": self.dense_on_ps,
+            "bfloat16": self.bfloat16,
+        }
 
     def leave(self, iterator: Any) -> None:
         # The process leaves by os._exit next: deleting the coordinator
