@@ -16,12 +16,13 @@ unchanged; only the places differ.
 
 Measured on bench/peers.py's async set-up (ps + 2 workers + chief; the two
 workers share one core, the ps and the chief the other, as bench/trainer.py
-pins them; a 2-core machine at load 12-18), CPU per global step: the workers'
-core 126 -> 103 ms, the ps's 25 -> 57 ms (float32); with ``--bfloat16`` 84 ->
-64 and 27 -> 38 ms. The workers' core was the bound, so the step got faster
-although the job's CPU in all did not shrink. It suits a ps with cores to
-spare: a ps serving many workers, or workers with GPUs, would compute on the
-ps's CPU what the workers do faster; hence ``--no-dense-on-ps``.
+pins them; a 2-core machine at load 4.5-18), CPU per global step: the
+workers' core 121-128 -> 91-103 ms, the ps's 23-28 -> 50-57 ms (float32); with
+``--bfloat16`` 84 -> 64-66 and 27 -> 38-42 ms (README). The workers' core
+was the bound, so the step got faster although the job's CPU in all did not
+shrink (in float32). It suits a ps with cores to spare: a ps serving many
+workers, or workers with GPUs, would compute on the ps's CPU what the
+workers do faster; hence ``--no-dense-on-ps``.
 """
 
 from __future__ import annotations
