@@ -8,6 +8,7 @@ them (``loop.run_async``). Each worker reads its own input stream.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from trainer import catalog
+from trainer.accelerators import bfloat16_native
 from trainer.distribute import ClusterInfo
 from trainer.flags import Config
 from trainer.hosting import host_dense_layers
@@ -68,13 +70,25 @@ class AsyncMode(TrainingMode):
         """--overlap with one replica per worker."""
         return bool(self.config.options["overlap"]) and self.strategy.num_replicas_in_sync == 1
 
+    @functools.cached_property
+    def precision(self) -> tuple[bool, str]:
+        """Whether the model computes in bfloat16, and why: ``--bfloat16``
+        or ``--no-bfloat16`` as given; by default where this machine
+        computes bfloat16 natively (a CPU with AVX512-BF16 or AMX, GPUs
+        with bfloat16 tensor cores), since elsewhere it only adds casts.
+        Only the models whose losses read float32 logits out of a
+        lower-precision model (those that take --mixed-precision elsewhere)."""
+        if not catalog.model(self.config.model).mixed_precision:
+            return False, f"{self.config.model} computes in float32"
+        chosen = self.config.options["bfloat16"]
+        if chosen is not None:
+            return bool(chosen), "--bfloat16" if chosen else "--no-bfloat16"
+        native, why = bfloat16_native()
+        return native, f"default: {why}"
+
     @property
     def bfloat16(self) -> bool:
-        """--bfloat16, for the models whose losses read float32 logits out
-        of a lower-precision model (those that take --mixed-precision
-        elsewhere)."""
-        takes_it = catalog.model(self.config.model).mixed_precision
-        return bool(self.config.options["bfloat16"]) and takes_it
+        return self.precision[0]
 
     def build_model(self, task: Task) -> keras.Model:
         """The model, its layers computing in bfloat16 with ``bfloat16``.
@@ -91,11 +105,16 @@ class AsyncMode(TrainingMode):
         finally:
             keras.mixed_precision.set_global_policy(before)
 
-    @property
+    @functools.cached_property
     def dense_on_ps(self) -> bool:
         """--dense-on-ps, where the step is not XLA-compiled (a compiled
-        step runs on one device)."""
-        return bool(self.config.options["dense_on_ps"]) and not self.config.jit
+        step runs on one device). By default only where the workers compute
+        on CPUs (this process sees no GPU: a cluster's nodes are alike), as
+        a GPU worker does on its GPU what the ps would do on its CPU."""
+        chosen = self.config.options["dense_on_ps"]
+        if chosen is None:
+            chosen = not tf.config.list_physical_devices("GPU")
+        return bool(chosen) and not self.config.jit
 
     def calls(self, phase: Phase, optimizer: keras.optimizers.Optimizer, state: State) -> Call:
         """Overlapped with the ps's updates (``--overlap``), else step by
@@ -128,6 +147,7 @@ class AsyncMode(TrainingMode):
             "overlap": self.overlapped,
             "dense_on_ps": self.dense_on_ps,
             "bfloat16": self.bfloat16,
+            "bfloat16_why": self.precision[1],
         }
 
     def leave(self, iterator: Any) -> None:
