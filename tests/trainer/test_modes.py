@@ -13,7 +13,9 @@ from trainer import catalog, modes
 from trainer.distribution import strategy as distribute
 from trainer.modes.base import TrainingMode
 
-HELPERS = {"base"}  # modules of trainer/modes that are no mode
+# Modules of trainer/modes that are no mode: the base class, and --mode
+# layers' own pieces (its placement and its pipelined step).
+HELPERS = {"base", "placement", "pipeline"}
 
 
 @pytest.mark.parametrize("name", catalog.MODE_NAMES)

@@ -16,6 +16,7 @@ import pytest
 from infra.jobs.progress import ProgressEvent
 from tests.trainer.cluster import LocalJob, read_summary
 from tests.trainer.conftest import StartJob
+from trainer.distribution.accelerators import bfloat16_native
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
@@ -104,6 +105,13 @@ def test_async_cnn_with_ps_and_two_workers_learns_mnist(
     # of 300 on a busy CI machine); trainer/steps.AtomicCounter's is not.
     assert summary["optimizer_iterations"] == {"train": summary["steps"]}
     assert summary["test_accuracy"] >= 0.97, summary
+    # The defaults (trainer/models/hosting.py, --bfloat16): the dense layer on the
+    # ps, the layers in bfloat16; learning as above all the same.
+    # bfloat16 where this machine computes it natively (what the chief decided
+    # is what this process, on the same machine, finds).
+    native, _ = bfloat16_native()
+    assert summary["dense_on_ps"] is True and summary["bfloat16"] is native
+    assert summary["bfloat16_why"].startswith("default: ")
     # ps and workers only serve, and still do: the job stops them.
     assert all(job.processes[n].poll() is None for n in ("ps-0", "worker-0", "worker-1"))
 

@@ -4,6 +4,8 @@ cnn: conv 5x5x32 SAME relu + maxpool 2 -> conv 5x5x64 SAME relu + maxpool 2
 -> dense 1024 relu -> dropout 0.5 -> dense 10.
 convnet: conv 5x5x64 + maxpool 2 -> conv 3x3x256 -> conv 3x3x512 + maxpool 2
 -> dense 2048 + dropout -> dense 1024 + dropout -> dense 10 (keep 0.75).
+The hidden dense layers are ``HostedDense``: computed on the ps in async
+mode (``trainer/models/hosting.py``).
 
 Dropout (``StatelessDropout``) is ``tf.nn.experimental.stateless_dropout``
 seeded by the batch, not ``keras.layers.Dropout``: the Keras layer keeps its RNG state in a variable
@@ -25,6 +27,7 @@ from trainer.data.mnist import Split
 from trainer.flags import Config
 from trainer.layers.architectures import ARCHITECTURES, SIDE, Architecture, classifier_layers
 from trainer.models.base import Batch, Evaluation, Phase
+from trainer.models.hosting import HostedDense
 
 L = keras.layers
 
@@ -70,7 +73,7 @@ class Classifier(keras.Model):
         self.hidden: list[keras.Layer] = []
         self.dropouts: list[keras.Layer] = []
         for i, units in enumerate(arch.dense):
-            self.hidden.append(L.Dense(units, activation="relu", name=next(names)))
+            self.hidden.append(HostedDense(units, activation="relu", name=next(names)))
             self.dropouts.append(StatelessDropout(arch.dropout, salt=i, name=next(names)))
         self.logits = L.Dense(10, name=next(names))
         # A tf.train.Checkpoint holds a Keras 3 layer's attributes, but not

@@ -8,6 +8,7 @@ them (``loop.run_async``). Each worker reads its own input stream.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,15 +17,21 @@ import tensorflow as tf
 
 from trainer import catalog
 from trainer.data.inputs import worker_stream_key
+from trainer.distribution.accelerators import bfloat16_native
 from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
 from trainer.loop.loops import Monitor, PhaseRun, run_async
 from trainer.loop.steps import overlapped_calls, train_calls
 from trainer.models.base import Phase, Task
+from trainer.models.hosting import host_dense_layers
 from trainer.modes.base import NEVER_RELEASED, Call, DatasetFn, TrainingMode
 
 if TYPE_CHECKING:
     from trainer.loop.checkpoints import State
+
+
+# Keras' policy for --bfloat16: bfloat16 computation, float32 variables.
+BFLOAT16_POLICY = "mixed_bfloat16"
 
 
 class AsyncMode(TrainingMode):
@@ -63,10 +70,59 @@ class AsyncMode(TrainingMode):
         """--overlap with one replica per worker."""
         return bool(self.config.options["overlap"]) and self.strategy.num_replicas_in_sync == 1
 
+    @functools.cached_property
+    def precision(self) -> tuple[bool, str]:
+        """Whether the model computes in bfloat16, and why: ``--bfloat16``
+        or ``--no-bfloat16`` as given; by default where this machine
+        computes bfloat16 natively (a CPU with AVX512-BF16 or AMX, GPUs
+        with bfloat16 tensor cores), since elsewhere it only adds casts.
+        Only the models whose losses read float32 logits out of a
+        lower-precision model (those that take --mixed-precision elsewhere)."""
+        if not catalog.model(self.config.model).mixed_precision:
+            return False, f"{self.config.model} computes in float32"
+        chosen = self.config.options["bfloat16"]
+        if chosen is not None:
+            return bool(chosen), "--bfloat16" if chosen else "--no-bfloat16"
+        native, why = bfloat16_native()
+        return native, f"default: {why}"
+
+    @property
+    def bfloat16(self) -> bool:
+        return self.precision[0]
+
+    def build_model(self, task: Task) -> keras.Model:
+        """The model, its layers computing in bfloat16 with ``bfloat16``.
+        Keras' policy is global and read when a layer is made: set for
+        this model's layers only. No loss scale: bfloat16 has float32's
+        exponent range, so gradients do not underflow where float16's do
+        (and async mode has no place for a scale: it would live on the ps)."""
+        if not self.bfloat16:
+            return super().build_model(task)
+        before = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(BFLOAT16_POLICY)
+        try:
+            return super().build_model(task)
+        finally:
+            keras.mixed_precision.set_global_policy(before)
+
+    @functools.cached_property
+    def dense_on_ps(self) -> bool:
+        """--dense-on-ps, where the step is not XLA-compiled (a compiled
+        step runs on one device). By default only where the workers compute
+        on CPUs (this process sees no GPU: a cluster's nodes are alike), as
+        a GPU worker does on its GPU what the ps would do on its CPU."""
+        chosen = self.config.options["dense_on_ps"]
+        if chosen is None:
+            chosen = not tf.config.list_physical_devices("GPU")
+        return bool(chosen) and not self.config.jit
+
     def calls(self, phase: Phase, optimizer: keras.optimizers.Optimizer, state: State) -> Call:
         """Overlapped with the ps's updates (``--overlap``), else step by
-        step, each step guarded against overshooting the phase's end."""
+        step, each step guarded against overshooting the phase's end; the
+        model's dense layers on the ps (``--dense-on-ps``)."""
         variables, jit = state.model.variables, self.config.jit
+        if self.dense_on_ps:
+            host_dense_layers(state.model)
         if self.overlapped:
             return overlapped_calls(self.strategy, phase, optimizer, variables, state.step, jit=jit)
         return train_calls(
@@ -87,7 +143,12 @@ class AsyncMode(TrainingMode):
         )
 
     def summary(self) -> dict[str, Any]:
-        return {"overlap": self.overlapped}
+        return {
+            "overlap": self.overlapped,
+            "dense_on_ps": self.dense_on_ps,
+            "bfloat16": self.bfloat16,
+            "bfloat16_why": self.precision[1],
+        }
 
     def leave(self, iterator: Any) -> None:
         # The process leaves by os._exit next: deleting the coordinator
