@@ -112,3 +112,12 @@ def test_a_bad_config_is_one_line(tmp_path: Path, content: str | None, code: int
         result = compose(command, "--config", str(config), home=tmp_path)
         one_error_line(result)
         assert result.returncode == code, (command, result.stderr)
+
+
+def test_an_error_line_carries_no_terminal_control(tmp_path: Path) -> None:
+    """The path is the caller's text (deploy.py's errors pass through
+    node_text too): an OSC sequence in it must not reach the terminal."""
+    result = compose("marker", "--config", str(tmp_path / "\x1b]0;pwned\x07x.yaml"), home=tmp_path)
+    line = one_error_line(result)
+    assert "x.yaml: no such file" in line and "\x1b" not in line and "\x07" not in line
+    assert result.returncode == ConfigError.exit_code

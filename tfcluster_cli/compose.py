@@ -29,6 +29,7 @@ from infra.errors import ConfigError, StateError, TfclusterError
 from infra.setup.nodes import install_plan
 from infra.state.folder import ClusterState
 from infra.state.keys import cluster_key
+from infra.text import node_text
 from infra.transport.host_keys import forget_host, known_hosts_name
 
 _CONFIG = click.option("--config", "config_path", required=True, help="the cluster.yaml")
@@ -97,19 +98,24 @@ def forget(config_path: str, node: str | None) -> None:
             click.echo(f"{name}: forgot the host key of {pinned}")
 
 
+def _error(message: str) -> None:
+    # Paths and names are the caller's text: no terminal control, as deploy.py's errors.
+    click.echo(f"error: {node_text(message)}", err=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         compose.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        _error(exc.format_message())
         return 2
     # One line and the class's exit code, as deploy.py says them.
     except TfclusterError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _error(str(exc))
         return exc.exit_code
     # The state folder (the key, known_hosts) cannot be written there.
     except OSError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _error(str(exc))
         return StateError.exit_code
     except click.exceptions.Abort:
         return 1
