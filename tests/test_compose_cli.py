@@ -121,3 +121,20 @@ def test_an_error_line_carries_no_terminal_control(tmp_path: Path) -> None:
     line = one_error_line(result)
     assert "x.yaml: no such file" in line and "\x1b" not in line and "\x07" not in line
     assert result.returncode == ConfigError.exit_code
+
+
+@pytest.mark.parametrize("key_file", ["folder", "missing"])
+def test_public_key_of_an_unreadable_key_file_is_a_config_error(
+    tmp_path: Path, key_file: str
+) -> None:
+    """ssh.key_file naming a folder was an OSError: deploy.py called it a
+    bug (exit 70); it is the config's fault, as a missing file is."""
+    (tmp_path / "folder").mkdir()
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "name: k\nprovider: ssh\nnodes: [a]\nroles: {chief: a, worker: []}\n"
+        f"hosts: {{a: {{address: 127.0.0.1}}}}\nssh: {{key_file: {tmp_path / key_file}}}\n"
+    )
+    result = compose("public-key", "--config", str(config), home=tmp_path / "home")
+    line = one_error_line(result)
+    assert str(tmp_path / key_file) in line and result.returncode == ConfigError.exit_code
