@@ -138,3 +138,9 @@ def test_public_key_of_an_unreadable_key_file_is_a_config_error(
     result = compose("public-key", "--config", str(config), home=tmp_path / "home")
     line = one_error_line(result)
     assert str(tmp_path / key_file) in line and result.returncode == ConfigError.exit_code
+
+
+def test_no_command_is_the_help(tmp_path: Path) -> None:
+    result = compose(home=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "Commands:\n" in result.stderr and "  plan " in result.stderr

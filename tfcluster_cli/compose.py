@@ -106,6 +106,9 @@ def _error(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         compose.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # no command: the help, as it is
+        click.echo(exc.format_message(), err=True)
+        return 2
     except click.ClickException as exc:
         _error(exc.format_message())
         return 2
