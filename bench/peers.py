@@ -1,7 +1,7 @@
 """tfcluster against the ways TensorFlow's own guides train, in one run.
 
 Three pairings on the same local cluster of processes (TF_CONFIG on
-loopback, as ``infra/loopback.py`` starts the trainer), the same MNIST CNN,
+loopback, as ``bench/support/loopback.py`` starts the trainer), the same MNIST CNN,
 the same batch of 128 examples per worker step and the same pinning as
 bench/trainer.py (each computing task on its own core where there are
 enough; the ps and the async chief, which only schedules, on the last):

@@ -155,3 +155,52 @@ def test_the_import_reader_sees_lazy_and_submodule_imports() -> None:
     assert "infra.transport.ssh" in names  # imported inside a method
     assert "infra.providers.gce.checks" in names  # `from infra.providers.gce import checks`
     assert "trainer.catalog" in imports(REPO / "infra" / "config" / "schema.py")
+
+
+# -- the module paths named elsewhere ------------------------------------------
+
+# Where the checkout names its own modules by path for a reader (docs,
+# comments, scripts, make and docker files). docs/architecture.md has its
+# own test above (its recipes name files a reader would add).
+NAMING = (
+    "README.md",
+    "Dockerfile",
+    "Makefile",
+    "deploy.py",
+    "pyproject.toml",
+    "docker-compose.yml",
+)
+NAMING_FOLDERS = (
+    "docker",
+    "mk",
+    "scripts",
+    "bench",
+    "examples",
+    "infra",
+    "trainer",
+    "tfcluster_cli",
+)
+MODULE_PATH = re.compile(r"(?<![\w/.])((?:infra|trainer|tfcluster_cli)/[\w/]*\.py)\b")
+
+
+def named_module_paths() -> Iterator[tuple[str, str]]:
+    files = [REPO / name for name in NAMING]
+    for folder in NAMING_FOLDERS:
+        files += [p for p in sorted((REPO / folder).rglob("*")) if p.is_file()]
+    for path in files:
+        if "__pycache__" in path.parts or path.suffix in (".pyc", ".gz"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for found in MODULE_PATH.findall(text):
+            yield str(path.relative_to(REPO)), found
+
+
+def test_every_module_path_named_in_the_checkout_exists() -> None:
+    """After a move (infra/ and trainer/ into rooms), a comment or a doc that
+    still names the old file sends the reader nowhere."""
+    named = list(named_module_paths())
+    assert len(named) > 50  # the reader finds them at all
+    missing = sorted(
+        {f"{where} names {path}" for where, path in named if not (REPO / path).exists()}
+    )
+    assert missing == []

@@ -244,3 +244,12 @@ def test_a_lone_surrogate_is_one_line(tmp_path: Path, text: str) -> None:
     --dry-run` crashed on it in gce.metadata (exit 70, a traceback)."""
     message = yaml_error(tmp_path, text)
     assert "a lone surrogate" in message and "\n" not in message.strip(), message
+
+
+@pytest.mark.parametrize("raw", ["\x1b[2J", "\x07", "\x00"], ids=["esc", "bel", "nul"])
+def test_a_raw_control_character_is_one_line(tmp_path: Path, raw: str) -> None:
+    """YAML's reader refuses them as it is made, before the parse: that
+    was outside parse_yaml's try (deploy.py: "a bug", exit 70; python -m
+    tfcluster_cli.compose: a traceback)."""
+    message = yaml_error(tmp_path, f'name: x\n"{raw}k": 1\n')
+    assert "invalid YAML" in message and "special characters" in message, message

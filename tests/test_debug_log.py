@@ -56,3 +56,18 @@ def test_an_old_world_readable_debug_log_is_tightened(
     assert code == EXIT_BUG
     assert _mode(log) == 0o600
     assert log.read_text().startswith("old\n")
+
+
+def test_a_home_where_no_log_can_be_written_still_gives_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TFCLUSTER_HOME under a regular file: the bug's line without a log,
+    never the traceback of writing the log."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TFCLUSTER_HOME", str(blocker / "home"))
+    code, out = _crash(monkeypatch)
+    assert code == EXIT_BUG
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and "unexpected failure" in lines[0], out
+    assert "RuntimeError: a bug" in lines[0] and str(blocker) in lines[0], out

@@ -21,6 +21,7 @@ from deploy import cli
 from infra.cluster.overview import ClusterOverview, NodeView
 from infra.jobs.progress import ProgressEvent, describe, summary_text
 from infra.node.facts import Gpu, GpuReport, parse_tail
+from infra.spec.job import JobRecord
 from infra.text import node_text
 from tfcluster_cli import consoles, errors, progress_view, render
 
@@ -358,3 +359,31 @@ def test_logs_follow_gives_clean_lines(
     lines = [line for _, _, line in seen]
     assert all(clean(line) for line in lines)
     assert set(MARKUP) <= set(lines) and "click here" in lines
+
+
+def test_status_lines_under_the_table_are_literal_and_clean(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The price source (a plug-in provider's Pricing says it), the last
+    job's run id and label (the state file), the cluster's title: markup
+    literally, terminal controls never."""
+    monkeypatch.setattr(consoles.console, "width", 250)
+    osc = "\x1b]0;pwned\x07\x1b[2J"
+    view = NodeView(
+        name="n", status="RUNNING", state="running", roles=["chief"], zone=None,
+        internal_ip=None, external_ip=None, machine_type=None, accelerators=None,
+        preemptible=False, declared=True, hourly_usd=0.5,
+    )  # fmt: skip
+    job = JobRecord(
+        run_id=f"r[red]x[/red]{osc}", chief_node="n", output_dir="/o",
+        command=["python", f"[link=http://e]x[/link]{osc}"],
+    )  # fmt: skip
+    overview = ClusterOverview(
+        name=f"c{osc}", provider="p", views=[view], hourly_usd=0.5,
+        price_source=f"[/x]src{osc}", idle=None, last_job=job,
+    )  # fmt: skip
+    render.print_status(overview)
+    out = capsys.readouterr().out
+    for text in ("[/x]src", "r[red]x[/red]", "[link=http://e]x[/link]"):
+        assert text in out
+    assert clean(out), repr(out)

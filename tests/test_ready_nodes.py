@@ -75,3 +75,27 @@ def test_a_failing_check_ends_it_before_the_caller_runs_and_frees_the_lock() -> 
         entered = True
     assert seen == [["pc-1"]] and not entered
     assert not other_holds(cluster)
+
+
+def test_ctrl_c_while_readying_or_inside_frees_the_lock_and_closes_the_transport() -> None:
+    """Ctrl-C (KeyboardInterrupt, no TfclusterError) during the check or
+    the sync, or in the caller's body: the next command is not kept out."""
+    cluster = Cluster(default_config())
+    closed: list[str] = []
+
+    def check(transport: Transport, names: list[str]) -> None:
+        close = transport.close
+
+        def counted() -> None:
+            closed.append("closed")
+            close()
+
+        transport.close = counted  # type: ignore[method-assign]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), cluster.ready_nodes("train", ["pc-1"], check=check):
+        pass
+    assert closed == ["closed"] and not other_holds(cluster)
+    with pytest.raises(KeyboardInterrupt), cluster.ready_nodes("run", ["pc-1"]):
+        raise KeyboardInterrupt
+    assert not other_holds(cluster)

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from infra.errors import Interrupted, TfclusterError
+from infra.text import node_text
 from tfcluster_cli import consoles
 from tfcluster_cli.errors import EXIT_BUG, fail, write_debug_log
 
@@ -79,11 +80,17 @@ class TfclusterGroup(click.Group):
             raise click.exceptions.Exit(exc.exit_code) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except Exception:
-            log_path = write_debug_log()
+        except Exception as exc:
+            try:
+                where = f"details in {write_debug_log()}"
+            except OSError as log_error:
+                # No log where the state folder cannot be written (TFCLUSTER_HOME
+                # under a file): the bug and why on the one line instead.
+                where = f"{type(exc).__name__}: {exc}; no debug log: {log_error}"
             consoles.err_console.print(
-                f"error: unexpected failure (a bug in tfcluster); details in {log_path}",
+                f"error: unexpected failure (a bug in tfcluster); {node_text(where)}",
                 style="red",
                 markup=False,
+                soft_wrap=True,
             )
             ctx.exit(EXIT_BUG)

@@ -176,7 +176,8 @@ def print_status(overview: ClusterOverview) -> None:
     views, cost = overview.views, overview.hourly_usd
     # Cells are Text, never markup: names and addresses come from the config
     # and the provider.
-    table = Table(title=Text(f"{overview.name} ({overview.provider})"), title_justify="left")
+    title = node_text(f"{overview.name} ({overview.provider})")
+    table = Table(title=Text(title), title_justify="left")
     columns = ["node", "status", "roles", "zone", "internal ip", "external ip", "machine"]
     # A cost column only where the provider prices its nodes (gce); GPUs
     # where they were asked for.
@@ -203,7 +204,8 @@ def print_status(overview: ClusterOverview) -> None:
     consoles.console.print(table)
     if cost is not None:
         consoles.console.print(
-            f"estimated cost now: ${cost:.3f}/hour ({overview.price_source})",
+            # A plug-in provider's Pricing says its source: data too.
+            f"estimated cost now: ${cost:.3f}/hour ({node_text(str(overview.price_source))})",
             markup=False,
             soft_wrap=True,
         )
@@ -213,7 +215,7 @@ def print_status(overview: ClusterOverview) -> None:
     if job is not None:
         state = job_state(job.exit_code)
         consoles.console.print(
-            f"last job: {job.run_id}: {node_text(job.label)} ({state})",
+            f"last job: {node_text(job.run_id)}: {node_text(job.label)} ({state})",
             markup=False,
             soft_wrap=True,
         )

@@ -124,8 +124,11 @@ def read_config_text(file: Path) -> str:
 
 def parse_yaml(text: str, source: str) -> Any:
     """YAML to data, refusing duplicate keys and runaway aliases; one line per error."""
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     try:
+        # Made inside the try: its reader refuses a control character (ESC,
+        # NUL) as it is made, a YAMLError like any other.
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -141,7 +144,8 @@ def parse_yaml(text: str, source: str) -> Any:
     except ValueError as exc:  # int() of a number with thousands of digits
         raise ConfigError(f"{source}: invalid YAML: {_cut(str(exc), 100)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _cut(text: str, limit: int) -> str:

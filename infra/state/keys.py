@@ -104,9 +104,12 @@ def write_private_file(path: Path, data: bytes) -> None:
 def read_public_key(private_key: Path) -> str:
     """The public key line of an existing private key (its .pub, else derived)."""
     public_key = private_key.with_name(private_key.name + ".pub")
-    if public_key.exists():
-        return public_key.read_text().strip()
-    return _public_line(_load(private_key), "tfcluster")
+    try:
+        if public_key.exists():
+            return public_key.read_text().strip()
+        return _public_line(_load(private_key), "tfcluster")
+    except OSError as exc:  # ssh.key_file a folder, or unreadable: the config's to fix
+        raise ConfigError(f"{exc.filename}: cannot read the key: {exc.strerror}") from None
 
 
 def _load(private_key: Path) -> Ed25519PrivateKey:
