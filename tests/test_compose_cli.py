@@ -144,3 +144,18 @@ def test_no_command_is_the_help(tmp_path: Path) -> None:
     result = compose(home=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "Commands:\n" in result.stderr and "  plan " in result.stderr
+
+
+def test_forget_host_of_a_node_without_an_address_says_where_its_key_is(tmp_path: Path) -> None:
+    """A local (or gce) node's key is pinned under its machine's name, not a
+    ``hosts:`` address: refused in one line that names the command that
+    knows, never a silent success."""
+    config = tmp_path / "local.yaml"
+    config.write_text(
+        "name: hostile\nprovider: local\nnodes: [pc-1, pc-2]\n"
+        "roles: {ps: [], chief: pc-1, worker: [pc-2]}\n"
+    )
+    result = compose("forget-host", "--config", str(config), "pc-1", home=tmp_path)
+    line = one_error_line(result)
+    assert result.returncode == ConfigError.exit_code
+    assert "pc-1 has no hosts: address" in line and "deploy.py forget-host pc-1" in line

@@ -89,6 +89,13 @@ def forget(config_path: str, node: str | None) -> None:
     # silent success would leave the stale key pinned.
     if node is not None and node not in config.nodes:
         raise ConfigError(f"{node} is not a node of {config.name}")
+    if node is not None and node not in config.hosts:
+        # Its key is pinned under the machine's name, not an address
+        # (gce, local): `deploy.py forget-host` knows where.
+        raise ConfigError(
+            f"{node} has no hosts: address in {config_path}; `deploy.py forget-host {node}` "
+            "forgets a key pinned any other way"
+        )
     for name in [node] if node else list(config.nodes):
         host = config.hosts.get(name)
         if host is None:
