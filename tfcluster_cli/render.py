@@ -151,7 +151,8 @@ def print_autostop(after: int | None, nodes: Sequence[str]) -> None:
 def print_cancelled(record: JobRecord, stopped: Sequence[str]) -> None:
     if stopped:
         consoles.console.print(
-            f"cancelled {node_text(record.run_id)}: stopped {node_text(', '.join(stopped))}", markup=False
+            f"cancelled {node_text(record.run_id)}: stopped {node_text(', '.join(stopped))}",
+            markup=False,
         )
     else:
         consoles.console.print(
@@ -164,8 +165,9 @@ def print_tensorboard_starting(node: str) -> None:
 
 
 def print_tensorboard(board: Board) -> None:
+    where = node_text(f"{board.node}:{board.logdir}")
     consoles.console.print(
-        f"TensorBoard for {node_text(f'{board.node}:{board.logdir}')} at {board.url} (Ctrl-C closes it)",
+        f"TensorBoard for {where} at {board.url} (Ctrl-C closes it)",
         markup=False,
         soft_wrap=True,
     )
@@ -226,7 +228,9 @@ def print_job_end(end: JobEnd) -> None:
     code = "no exit code recorded" if end.exit_code is None else f"exit code {end.exit_code}"
     what = "has ended" if end.ended_now else "had ended already"
     consoles.console.print(
-        f"job {node_text(end.run_id)} {what} ({code}): nothing more to follow", markup=False, soft_wrap=True
+        f"job {node_text(end.run_id)} {what} ({code}): nothing more to follow",
+        markup=False,
+        soft_wrap=True,
     )
 
 
