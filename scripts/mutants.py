@@ -33,6 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 THRESHOLD = 0.90
 TIMEOUT_S = 600  # per mutation: a hang the tests' own timeouts did not end counts as caught
+# The unmutated tree's run is every mutation's tests at once: many times one
+# mutation's (a busy machine took over 600 s for it).
+BASELINE_TIMEOUT_S = 3600
 IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "runs",
     ".cache", "*.pyc",
@@ -263,7 +266,9 @@ def copy_tree(dest: Path) -> None:
     shutil.copytree(REPO, dest, ignore=IGNORE, symlinks=True)
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], select: str = "") -> tuple[bool, str]:
+def run_tests(
+    tree: Path, tests: tuple[str, ...], select: str = "", timeout: float = TIMEOUT_S
+) -> tuple[bool, str]:
     """Whether the tests pass in ``tree`` (its code imported, not the
     installed one), and pytest's last lines."""
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
@@ -277,14 +282,14 @@ def run_tests(tree: Path, tests: tuple[str, ...], select: str = "") -> tuple[boo
     ]
     try:
         done = subprocess.run(
-            argv, cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+            argv, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout,
             # Started in the background, this script may have SIGINT ignored,
             # which the tests' child would inherit: the tests of Ctrl-C need
             # Python's own handler.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     except subprocess.TimeoutExpired:
-        return False, f"timeout after {TIMEOUT_S} s"
+        return False, f"timeout after {timeout:.0f} s"
     lines = (done.stdout + done.stderr).strip().splitlines()
     # 5: no tests collected (a wrong node id) must not count as caught.
     if done.returncode == 5:
@@ -327,7 +332,7 @@ def main() -> int:
         copy_tree(tree)
         if not args.no_baseline:
             every = tuple(dict.fromkeys(t for x in chosen for t in x.tests))
-            ok, tail = run_tests(tree, every)
+            ok, tail = run_tests(tree, every, timeout=BASELINE_TIMEOUT_S)
             if not ok:
                 print(f"ERROR the targeted tests fail on the unmutated tree: {tail}")
                 return 2
