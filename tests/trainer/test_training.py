@@ -132,6 +132,10 @@ def test_collective_modes_with_two_workers_learn_mnist(
     assert (summary["workers"], summary["ps"], summary["steps"]) == (2, 0, 60)
     assert summary["examples_per_step"] == 256  # 128 per worker, two workers per step
     assert summary["test_accuracy"] >= 0.95, summary
+    # sync computes in bfloat16 where this machine has it natively, as async
+    # does; average keeps float32 (its mode takes no --bfloat16).
+    native, _ = bfloat16_native()
+    assert summary.get("bfloat16", False) is (native and mode == "sync")
     # All-reduced gradients (sync) or averaged parameters (average): both
     # workers end with the very same weights.
     assert fingerprint(job, "chief-0") == fingerprint(job, "worker-0")

@@ -18,6 +18,7 @@ overrides what it does otherwise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from trainer.data.inputs import stream_key
 from trainer.data.mnist import Split
 from trainer.distribution import collectives
 from trainer.distribution import strategy as distribute
+from trainer.distribution.accelerators import bfloat16_native
 from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
 from trainer.loop.loops import Monitor, PhaseRun, run_synchronous
@@ -47,6 +49,9 @@ Call = Callable[[object, tf.Tensor, tf.Tensor], CallResult]
 
 # TensorFlow objects a finished distributed run keeps until the process exits.
 NEVER_RELEASED: list[Any] = []
+
+# Keras' policy for --bfloat16: bfloat16 computation, float32 variables.
+BFLOAT16_POLICY = "mixed_bfloat16"
 
 
 def weights_fingerprint(variables: list[Any]) -> str:
@@ -107,9 +112,46 @@ class TrainingMode:
         """Before the strategy starts TensorFlow's runtime (modes of the
         ``REMOTE`` kind only: the others' strategies must come first)."""
 
+    @functools.cached_property
+    def precision(self) -> tuple[bool, str]:
+        """Whether the model computes in bfloat16, and why. Only in the modes
+        that take ``--bfloat16`` (catalog.BFLOAT16), for the models whose
+        losses read float32 logits out of a lower-precision model (those
+        that take --mixed-precision), never beside --mixed-precision's
+        float16. ``--bfloat16``/``--no-bfloat16`` as given; by default where
+        this machine computes bfloat16 natively (a CPU with AVX512-BF16 or
+        AMX, GPUs with bfloat16 tensor cores): elsewhere it only adds casts."""
+        if catalog.BFLOAT16 not in self.entry.options:
+            return False, f"--mode {self.name} computes in float32"
+        if not catalog.model(self.config.model).mixed_precision:
+            return False, f"{self.config.model} computes in float32"
+        if self.config.mixed_precision:
+            return False, "--mixed-precision: float16"
+        chosen = self.config.options[catalog.BFLOAT16.key]
+        if chosen is not None:
+            return bool(chosen), "--bfloat16" if chosen else "--no-bfloat16"
+        native, why = bfloat16_native()
+        return native, f"default: {why}"
+
+    @property
+    def bfloat16(self) -> bool:
+        return self.precision[0]
+
     def build_model(self, task: Task) -> keras.Model:
-        """The model, every variable created (in ``scope``)."""
-        return task.build_model()
+        """The model, every variable created (in ``scope``); its layers
+        computing in bfloat16 with ``bfloat16``. Keras' policy is global and
+        read when a layer is made: set for this model's layers only. No loss
+        scale: bfloat16 has float32's exponent range, so gradients do not
+        underflow where float16's do (and async mode has no place for a
+        scale: it would live on the ps)."""
+        if not self.bfloat16:
+            return task.build_model()
+        before = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(BFLOAT16_POLICY)
+        try:
+            return task.build_model()
+        finally:
+            keras.mixed_precision.set_global_policy(before)
 
     def optimizer(self, learning_rate: LearningRate) -> keras.optimizers.Optimizer:
         """A phase's optimizer (before the mixed-precision wrapper): Adam,
@@ -200,8 +242,8 @@ class TrainingMode:
         return None
 
     def summary(self) -> dict[str, Any]:
-        """The mode's own entries of summary.json."""
-        return {}
+        """The mode's own entries of summary.json: what it computes in, and why."""
+        return {"bfloat16": self.bfloat16, "bfloat16_why": self.precision[1]}
 
     def leave(self, iterator: Any) -> None:
         """The run is written; the process exits next (``__main__.leave``)."""

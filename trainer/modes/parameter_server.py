@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from trainer import catalog
 from trainer.data.inputs import worker_stream_key
-from trainer.distribution.accelerators import bfloat16_native
 from trainer.distribution.strategy import ClusterInfo
 from trainer.flags import Config
 from trainer.loop.loops import Monitor, PhaseRun, run_async
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from trainer.loop.checkpoints import State
 
 
-# Keras' policy for --bfloat16: bfloat16 computation, float32 variables.
-BFLOAT16_POLICY = "mixed_bfloat16"
 
 
 class AsyncMode(TrainingMode):
@@ -69,41 +66,6 @@ class AsyncMode(TrainingMode):
     def overlapped(self) -> bool:
         """--overlap with one replica per worker."""
         return bool(self.config.options["overlap"]) and self.strategy.num_replicas_in_sync == 1
-
-    @functools.cached_property
-    def precision(self) -> tuple[bool, str]:
-        """Whether the model computes in bfloat16, and why: ``--bfloat16``
-        or ``--no-bfloat16`` as given; by default where this machine
-        computes bfloat16 natively (a CPU with AVX512-BF16 or AMX, GPUs
-        with bfloat16 tensor cores), since elsewhere it only adds casts.
-        Only the models whose losses read float32 logits out of a
-        lower-precision model (those that take --mixed-precision elsewhere)."""
-        if not catalog.model(self.config.model).mixed_precision:
-            return False, f"{self.config.model} computes in float32"
-        chosen = self.config.options["bfloat16"]
-        if chosen is not None:
-            return bool(chosen), "--bfloat16" if chosen else "--no-bfloat16"
-        native, why = bfloat16_native()
-        return native, f"default: {why}"
-
-    @property
-    def bfloat16(self) -> bool:
-        return self.precision[0]
-
-    def build_model(self, task: Task) -> keras.Model:
-        """The model, its layers computing in bfloat16 with ``bfloat16``.
-        Keras' policy is global and read when a layer is made: set for
-        this model's layers only. No loss scale: bfloat16 has float32's
-        exponent range, so gradients do not underflow where float16's do
-        (and async mode has no place for a scale: it would live on the ps)."""
-        if not self.bfloat16:
-            return super().build_model(task)
-        before = keras.mixed_precision.global_policy()
-        keras.mixed_precision.set_global_policy(BFLOAT16_POLICY)
-        try:
-            return super().build_model(task)
-        finally:
-            keras.mixed_precision.set_global_policy(before)
 
     @functools.cached_property
     def dense_on_ps(self) -> bool:
@@ -146,8 +108,7 @@ class AsyncMode(TrainingMode):
         return {
             "overlap": self.overlapped,
             "dense_on_ps": self.dense_on_ps,
-            "bfloat16": self.bfloat16,
-            "bfloat16_why": self.precision[1],
+            **super().summary(),
         }
 
     def leave(self, iterator: Any) -> None:
