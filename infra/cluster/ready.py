@@ -74,7 +74,9 @@ class ClusterReady(ClusterBucket):
         then the code (and ``workdir``, where given) synced unless ``sync``
         is False. The transport is the caller's to close."""
         with self.lock(command):
-            if if_busy == "refuse" and (running := self.running_job(finish=True)) is not None:
+            # Asked once, under the lock: no job can start meanwhile.
+            running = self.running_job(finish=if_busy == "refuse")
+            if running is not None and if_busy == "refuse":
                 raise _busy(running)
             names, transport = self._node_transport(names)
             yielded = False
@@ -85,8 +87,12 @@ class ClusterReady(ClusterBucket):
                 # done: no node stops itself meanwhile.
                 with self.keep_busy(transport, names, command):
                     check(transport, names)
-                    keep = command if if_busy == "keep_files" else None
-                    synced = sync and self._sync(transport, workdir, keep_files_for=keep)
+                    # With keep_files, a running job's files stay as they are.
+                    if sync and running is not None and transport.copies_files:
+                        log.warning(
+                            "a job is running: the working folder is not synced for %s", command
+                        )
+                    synced = sync and running is None and self._sync(transport, workdir)
                     yielded = True
                     yield ReadyNodes(names, transport, synced)
             except BaseException:
@@ -114,16 +120,10 @@ class ClusterReady(ClusterBucket):
         require_running(self.provider, existing, names)
         return names, self.provider.transport([n for n in existing if n.name in names])
 
-    def _sync(
-        self, transport: Transport, workdir: Path | None, *, keep_files_for: str | None
-    ) -> bool:
+    def _sync(self, transport: Transport, workdir: Path | None) -> bool:
         """The code (and ``workdir``) to the nodes, where the transport
-        copies files; whether it was synced. ``keep_files_for`` (a command):
-        not while a job runs (its files stay as they are)."""
+        copies files; whether it was synced."""
         if not transport.copies_files:
-            return False
-        if keep_files_for and self.running_job() is not None:
-            log.warning("a job is running: the working folder is not synced for %s", keep_files_for)
             return False
         from infra.setup.nodes import sync_nodes
 
