@@ -298,13 +298,7 @@ def test_a_node_without_an_address_is_a_state_error_not_a_bad_tf_config() -> Non
 def test_detached_job_refuses_a_second_one_and_cancel_stops_it(
     workdir: Path, tfcluster_home: Path
 ) -> None:
-    code, out = deploy(
-        "run", "--detach", "--workdir", str(workdir), "--env", "CHIEF_SLEEP=600",
-        "--", "python", "stand_in.py",
-    )  # fmt: skip
-    assert code == 0 and "started" in out, out
-    state = tfcluster_home / "clusters" / "local" / "state.json"
-    record = json.loads(state.read_text())["last_job"]
+    state, record = _detach(workdir, tfcluster_home)
     running = processes_in(workdir)
     assert len(running) >= 4  # ps, 2 workers, chief
 
@@ -337,13 +331,7 @@ def test_a_busy_cluster_refuses_every_job_in_one_way_and_exec_still_runs(
     with the very same line and hint (exit 3), before anything starts;
     `exec` goes through the same step without refusing (its command runs
     beside the job, whose files stay as they are)."""
-    code, out = deploy(
-        "run", "--detach", "--workdir", str(workdir), "--env", "CHIEF_SLEEP=600",
-        "--", "python", "stand_in.py",
-    )  # fmt: skip
-    assert code == 0 and "started" in out, out
-    state = tfcluster_home / "clusters" / "local" / "state.json"
-    record = json.loads(state.read_text())["last_job"]
+    state, record = _detach(workdir, tfcluster_home)
     running = processes_in(workdir)
     try:
         refused = {
@@ -370,6 +358,20 @@ def test_a_busy_cluster_refuses_every_job_in_one_way_and_exec_still_runs(
     finally:
         code, out = deploy("cancel")
     assert code == 0 and f"cancelled {record['run_id']}" in out, out
+
+
+def _detach(
+    workdir: Path, tfcluster_home: Path, chief_sleep: str = "600"
+) -> tuple[Path, dict[str, Any]]:
+    """`run --detach` of the stand-in job (its chief sleeps ``chief_sleep``
+    seconds): the cluster's state file and the job's record in it."""
+    code, out = deploy(
+        "run", "--detach", "--workdir", str(workdir), "--env", f"CHIEF_SLEEP={chief_sleep}",
+        "--", "python", "stand_in.py",
+    )  # fmt: skip
+    assert code == 0 and "started" in out, out
+    state = tfcluster_home / "clusters" / "local" / "state.json"
+    return state, json.loads(state.read_text())["last_job"]
 
 
 def _wait(seconds: float, done: Callable[[], bool]) -> float | None:
@@ -403,12 +405,7 @@ def test_a_detached_jobs_tasks_end_with_its_chief(
     with SIGKILL), the ps and workers, which would serve for ever, end
     within 10 s on every node by themselves, and every node's idle check
     says idle (autostop would stop it)."""
-    sleep = "2" if ending == "exits" else "600"
-    code, out = deploy(
-        "run", "--detach", "--workdir", str(workdir), "--env", f"CHIEF_SLEEP={sleep}",
-        "--", "python", "stand_in.py",
-    )  # fmt: skip
-    assert code == 0 and "started" in out, out
+    _detach(workdir, tfcluster_home, chief_sleep="2" if ending == "exits" else "600")
     logs = tfcluster_home / "clusters" / "local" / "nodes" / "pc-1" / "tfcluster" / "logs"
     chief = int((logs / "chief-0.pid").read_text().split()[0])
     assert _wait(60, lambda: len(processes_in(workdir)) >= 4), processes_in(workdir)
