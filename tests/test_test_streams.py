@@ -50,6 +50,12 @@ def test_docker_slow(mark):
 def test_other_passes(mark):
     if os.environ.get("OTHER_SLEEP"):
         time.sleep(60)
+    if os.environ.get("OTHER_FAILS") and os.environ.get("DOCKER_SLEEP"):
+        # Fail once the docker session is asleep in its test (under load it
+        # may still be starting, and would have nothing to tear down).
+        deadline = time.monotonic() + 30
+        while not list(MARKS.glob("test_docker_fails.*.ran")) and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert not os.environ.get("OTHER_FAILS")
 
 @pytest.mark.slow
