@@ -23,6 +23,7 @@ from google.cloud import compute_v1
 from tests.fake_gce import Addresses, ApiError, Call, FakeGce, InstanceBackend, Latency
 from tests.fake_gce.backend import generated_host_key
 from tests.fake_gce.filters import FilterError, compile_filter
+from tests.fake_gce.instances import OpQueue
 
 pytest_plugins = ["tests.fake_gce.fixtures"]
 
@@ -172,6 +173,11 @@ def test_one_instance_can_be_slower_to_create_than_the_others(
 def test_a_queued_delete_of_an_instance_deleted_meanwhile_fails_not_found(
     fake_gce: FakeGce, api: Api
 ) -> None:
+    # The insert's operation ends at STAGING; the create goes on to RUNNING
+    # with the instance's turn held, so both deletes queue behind it, and
+    # the first accepted must be the first to run (CI once saw the second
+    # win: a plain lock wakes its waiters in any order).
+    fake_gce.latency.staging = 0.3
     api.wait(api.insert("pc-1"))
     fake_gce.latency.delete = 0.2
     first = api.instances.delete_unary(project=PROJECT, zone=ZONE, instance="pc-1")
@@ -180,6 +186,28 @@ def test_a_queued_delete_of_an_instance_deleted_meanwhile_fails_not_found(
     failed = api.wait(second)
     assert failed.error.errors[0].code == "RESOURCE_NOT_FOUND"
     assert failed.http_error_status_code == 404
+
+
+def test_operations_on_one_instance_run_in_the_order_they_were_accepted() -> None:
+    queue = OpQueue()
+    closing = threading.Event()
+    order: list[int] = []
+    held = queue.ticket()
+    tickets = [queue.ticket() for _ in range(8)]
+
+    def run(ticket: int) -> None:
+        with queue.turn(ticket, closing):
+            order.append(ticket)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in reversed(tickets)]
+    with queue.turn(held, closing):
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)  # all eight waiting
+        assert order == []
+    for thread in threads:
+        thread.join(5)
+    assert order == tickets
 
 
 def test_missing_and_duplicate_instances_answer_404_and_409_in_the_real_error_shape(

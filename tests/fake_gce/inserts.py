@@ -60,6 +60,7 @@ class Inserts:
                 raise _exists(project, zone, resource["name"])
             fate = self._faults.capacity_fate(project, zone, "insert")
             inst = Instance(project, zone, resource["name"], resource)
+            inst.ops.ticket()  # the first: the create's, before any other call can find it
             self._instances.add(inst)
             op = self._operations.new(project, f"zones/{zone}", "insert", resource)
             answer = copy.deepcopy(op.resource)
@@ -99,6 +100,7 @@ class Inserts:
             fate = self._faults.capacity_fate(project, zone, "bulkInsert")
             insts = [Instance(project, zone, r["name"], r) for r in resources]
             for inst in insts:
+                inst.ops.ticket()  # the first: the create's, before any other call can find it
                 self._instances.add(inst)
             op = self._operations.new(
                 project, f"zones/{zone}", "bulkInsert",
@@ -154,7 +156,7 @@ class Inserts:
     def _create(self, inst: Instance, fate: Fate, on_staged: Callable[[], None]) -> None:
         """PROVISIONING -> STAGING (``on_staged``) -> RUNNING, or a stockout."""
         world = self._world
-        with inst.op_lock:
+        with inst.ops.turn(0, world.closing):  # the ticket insert took
             if fate is not None:
                 self._fail_create(inst, fate)
             with world.lock:

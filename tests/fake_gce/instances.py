@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,41 @@ from tests.fake_gce.api import API_ROOT, ApiError, Call, Handler, fingerprint, n
 from tests.fake_gce.filters import compile_filter
 from tests.fake_gce.instance_body import check_labels
 from tests.fake_gce.operations import Operations
-from tests.fake_gce.world import World
+from tests.fake_gce.world import Closing, World
+
+
+class OpQueue:
+    """Operations on one instance run one at a time, in the order the API
+    accepted them, as GCE queues them. A plain lock would not do: it wakes its
+    waiters in any order, so a delete accepted second could run first (and the
+    first then fail "not found"). Each operation takes a ticket when accepted
+    (on the request's thread) and waits for its turn on its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._issued = 0
+        self._serving = 0
+
+    def ticket(self) -> int:
+        with self._cond:
+            self._issued += 1
+            return self._issued - 1
+
+    @contextmanager
+    def turn(self, ticket: int, closing: threading.Event) -> Iterator[None]:
+        """Wait until the operations accepted before ``ticket`` are done;
+        ``Closing`` if the fake stops meanwhile."""
+        with self._cond:
+            while self._serving != ticket:
+                if closing.is_set():
+                    raise Closing
+                self._cond.wait(0.05)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
 
 
 @dataclass
@@ -27,8 +63,7 @@ class Instance:
     zone: str
     name: str
     resource: dict[str, Any]
-    # Operations on one instance run one at a time, in order.
-    op_lock: threading.Lock = field(default_factory=threading.Lock)
+    ops: OpQueue = field(default_factory=OpQueue)
     deleted: bool = False
     backend_created: bool = False
     running_since: float | None = None  # monotonic time it last became RUNNING

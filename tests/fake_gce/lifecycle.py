@@ -59,9 +59,10 @@ class Lifecycle:
                 inst.project, f"zones/{inst.zone}", "delete", inst.resource
             )
             answer = copy.deepcopy(op.resource)
+            ticket = inst.ops.ticket()
 
         def work() -> None:
-            with inst.op_lock:
+            with inst.ops.turn(ticket, world.closing):
                 if inst.deleted:  # deleted while this operation waited its turn
                     raise _gone(inst)
                 with world.lock:
@@ -94,9 +95,10 @@ class Lifecycle:
                 )
             op = self._operations.new(inst.project, f"zones/{inst.zone}", "stop", inst.resource)
             answer = copy.deepcopy(op.resource)
+            ticket = inst.ops.ticket()
 
         def work() -> None:
-            with inst.op_lock:
+            with inst.ops.turn(ticket, world.closing):
                 with world.lock:
                     if inst.deleted:
                         raise _gone(inst)
@@ -134,13 +136,14 @@ class Lifecycle:
             _check_startable(inst, kind)
             op = self._operations.new(inst.project, f"zones/{inst.zone}", kind, inst.resource)
             answer = copy.deepcopy(op.resource)
-        self._operations.spawn(op, lambda: self._run(inst))
+            ticket = inst.ops.ticket()
+        self._operations.spawn(op, lambda: self._run(inst, ticket))
         return answer
 
-    def _run(self, inst: Instance) -> None:
+    def _run(self, inst: Instance, ticket: int) -> None:
         """STAGING -> RUNNING with new addresses, or the zone's stockout."""
         world = self._world
-        with inst.op_lock:
+        with inst.ops.turn(ticket, world.closing):
             with world.lock:
                 if inst.deleted:
                     raise _gone(inst)
