@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from infra.node import commands, facts
 from infra.transport.base import NodeLayout
+from tests.ports import free_port
 from tests.procs import runs
 
 STAND_IN = '''
@@ -90,12 +90,6 @@ def slow_reaper() -> Iterator[None]:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_start_wait_status_stop(node: tuple[Path, NodeLayout]) -> None:

@@ -349,3 +349,12 @@ def test_without_nsenter_the_reason_is_named(
     assert isinstance(provider, LocalProvider)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert provider.exposure() == "nsenter (util-linux) is not installed"
+
+
+def test_every_task_port_the_provider_gives_is_its_own(tmp_path: Path) -> None:
+    """The kernel hands a just-released port out again readily (about 3 in
+    100 draws here; CI once gave worker-1 and ps-0 one port): the provider
+    never gives one port twice."""
+    provider = Cluster(load_config(write_config(tmp_path))).provider
+    ports = [provider.task_port("pc-1", "worker", i) for i in range(1000)]
+    assert len(set(ports)) == len(ports)

@@ -18,6 +18,7 @@ from infra.state.folder import ClusterState
 from infra.transport.host_keys import PinningPolicy, forget_host, known_hosts_name
 from infra.transport.ssh import SshTarget, SshTransport, combine_errors
 from infra.transport.ssh_connections import connect_error
+from tests.ports import free_port
 
 TARGET = SshTarget("pc-2", "10.0.0.7", 2202)
 KEY = Path("/keys/id_ed25519")
@@ -133,12 +134,6 @@ def test_pinning_is_thread_safe(tmp_path: Path) -> None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _transport(tmp_path: Path, port: int, **ssh: object) -> SshTransport:
     key = tmp_path / "id_ed25519"
     if not key.exists():
@@ -152,13 +147,13 @@ def _transport(tmp_path: Path, port: int, **ssh: object) -> SshTransport:
 
 
 def test_run_on_closed_port_is_refused(tmp_path: Path) -> None:
-    with _transport(tmp_path, _free_port()) as transport, pytest.raises(RemoteError) as caught:
+    with _transport(tmp_path, free_port()) as transport, pytest.raises(RemoteError) as caught:
         transport.run("pc-1", "true")
     assert "pc-1: connection refused at 127.0.0.1" in str(caught.value)
 
 
 def test_wait_ready_names_nodes_that_never_came_up(tmp_path: Path) -> None:
-    with _transport(tmp_path, _free_port()) as transport, pytest.raises(RemoteError) as caught:
+    with _transport(tmp_path, free_port()) as transport, pytest.raises(RemoteError) as caught:
         transport.wait_ready(timeout=1.0)
     assert str(caught.value).startswith("pc-1 did not accept SSH within 1 s")
     assert "connection refused" in str(caught.value)

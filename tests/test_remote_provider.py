@@ -18,12 +18,7 @@ from infra.providers.base import NodeState, get_provider
 from infra.providers.ssh import SshProvider
 from infra.state.folder import ClusterState
 from infra.transport.ssh import SshTransport
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 def _provider(tmp_path: Path, hosts: dict[str, object]) -> SshProvider:
@@ -48,7 +43,7 @@ def test_nodes_are_the_hosts_probed(tmp_path: Path) -> None:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         up = listening.getsockname()[1]
-        down = _free_port()
+        down = free_port()
         provider = _provider(
             tmp_path,
             {
@@ -66,7 +61,7 @@ def test_nodes_are_the_hosts_probed(tmp_path: Path) -> None:
 
 
 def test_nothing_to_stop_and_a_down_host_is_an_error(tmp_path: Path) -> None:
-    down = _free_port()
+    down = free_port()
     provider = _provider(tmp_path, {"pc-1": f"127.0.0.1:{down}", "pc-2": f"127.0.0.1:{down}"})
     assert provider.capabilities().cannot_stop is not None
     with pytest.raises(StateError, match="not ours to stop"):
@@ -89,7 +84,7 @@ def test_transport_uses_the_cluster_key(tmp_path: Path) -> None:
 
 
 def _down_hosts_config(tmp_path: Path) -> dict[str, object]:
-    down = _free_port()
+    down = free_port()
     return {
         "name": "own",
         "provider": "ssh",

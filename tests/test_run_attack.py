@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -24,16 +23,10 @@ from infra.spec.job import JobSpec, Program
 from infra.spec.tfconfig import TaskSpec
 from infra.state.folder import ClusterState
 from infra.transport.base import CommandResult
+from tests.ports import free_ports
 from tests.test_run_local import deploy, workdir
 
 __all__ = ["workdir"]  # the fixture, imported to be used here
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 ENV_DUMP = """\
@@ -102,10 +95,11 @@ def test_tasks_started_on_the_nodes_that_answered_are_stopped(
     homes = tmp_path / "nodes"
     (homes / "pc-1").mkdir(parents=True)  # pc-2's folder is gone
     transport = LocalTransport(["pc-1", "pc-2"], homes)
+    ps, worker, chief = free_ports(3)
     tasks = [
-        TaskSpec("ps", 0, "pc-1", "127.0.0.1", free_port()),
-        TaskSpec("worker", 0, "pc-2", "127.0.0.1", free_port()),
-        TaskSpec("chief", 0, "pc-1", "127.0.0.1", free_port()),
+        TaskSpec("ps", 0, "pc-1", "127.0.0.1", ps),
+        TaskSpec("worker", 0, "pc-2", "127.0.0.1", worker),
+        TaskSpec("chief", 0, "pc-1", "127.0.0.1", chief),
     ]
     program = Program(argv=("python", "stand_in.py"), task_types=("chief", "ps", "worker"))
     job = Job(transport, tasks, JobSpec(run_id="attack-1", program=program), workdir=workdir)
@@ -243,10 +237,11 @@ def test_ctrl_c_while_the_tasks_start_stops_what_was_started(
     for node in ("pc-1", "pc-2"):
         (homes / node).mkdir(parents=True)
     transport = _CtrlCMidStart(["pc-1", "pc-2"], homes)
+    ps, worker, chief = free_ports(3)
     tasks = [
-        TaskSpec("ps", 0, "pc-1", "127.0.0.1", free_port()),
-        TaskSpec("worker", 0, "pc-2", "127.0.0.1", free_port()),
-        TaskSpec("chief", 0, "pc-1", "127.0.0.1", free_port()),
+        TaskSpec("ps", 0, "pc-1", "127.0.0.1", ps),
+        TaskSpec("worker", 0, "pc-2", "127.0.0.1", worker),
+        TaskSpec("chief", 0, "pc-1", "127.0.0.1", chief),
     ]
     program = Program(argv=("python", "stand_in.py"), task_types=("chief", "ps", "worker"))
     job = Job(transport, tasks, JobSpec(run_id="attack-2", program=program), workdir=workdir)

@@ -196,6 +196,7 @@ class LocalProvider(NodeProvider):
     kind = "local"
     config_section = LocalConfig
     _network: TaskNetwork | None = None
+    _ports_given: set[int] | None = None  # by task_port, in this command
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -337,11 +338,19 @@ class LocalProvider(NodeProvider):
     def task_port(self, node: str, task_type: str, index: int) -> int:
         # Every task shares 127.0.0.1 (the namespace's, or this machine's),
         # so each gets its own free port. The port is released before the
-        # task binds it; the window is tiny and a clash shows up as a
-        # readiness failure, not a silent hang.
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
+        # task binds it: the kernel may hand the same one out again at once
+        # (CI once saw worker-1 and ps-0 given one port), so a port this
+        # provider gave already is drawn again. Another program taking it in
+        # the window shows up as a readiness failure, not a silent hang.
+        if self._ports_given is None:
+            self._ports_given = set()
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in self._ports_given:
+                self._ports_given.add(port)
+                return port
 
     def task_env(self) -> dict[str, str]:
         # The tasks run in the node folders, so a relative MNIST_DIR (as CI

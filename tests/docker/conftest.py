@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from infra.providers.base import remote_root
 from infra.state.folder import ClusterState
 from infra.state.keys import ensure_key_pair
 from infra.transport.ssh import SshTarget, SshTransport
+from tests.ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -120,12 +120,6 @@ def _sweep_containers() -> Iterator[None]:
     left = _docker("ps", "-aq", "-f", f"label={LABEL}", check=False).split()
     if left:
         _docker("rm", "-f", *left, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -301,7 +295,7 @@ def compose_cluster(node_image: str, node_key: tuple[Path, str]) -> Iterator[Com
     """pc-1..pc-4 of docker-compose.yml under a project of this run, SSH on
     free loopback ports; ``down -v`` afterwards, also on failure."""
     prefix = _free_subnet()
-    ports = {f"pc-{i}": free_port() for i in range(1, 5)}
+    ports = dict(zip([f"pc-{i}" for i in range(1, 5)], free_ports(4), strict=True))
     env = dict(
         os.environ,
         TFCLUSTER_NODE_IMAGE=node_image,

@@ -13,7 +13,8 @@ from infra.errors import HostKeyChanged, RemoteError
 from infra.state.folder import ClusterState
 from infra.transport.host_keys import forget_host, known_hosts_name
 from infra.transport.ssh import SshTarget
-from tests.docker.conftest import StartNode, free_port, ssh_config, transport_for, write_config
+from tests.docker.conftest import StartNode, ssh_config, transport_for, write_config
+from tests.ports import free_port
 
 pytestmark = pytest.mark.docker
 
