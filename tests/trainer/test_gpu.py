@@ -121,7 +121,7 @@ TWO_REPLICAS = textwrap.dedent(
     data = strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.from_tensor_slices({"x": x}).repeat()
     )
-    call = train_calls(strategy, phase, optimizer, model.variables, step, jit=False, guard=False)
+    call = train_calls(strategy, phase, optimizer, model.variables, step, jit=False, claims=None)
     call(iter(data), tf.constant(1, tf.int64), tf.constant(10, tf.int64))
     replicas = [[r.numpy() for r in strategy.experimental_local_results(v)] for v in model.variables]
     print(json.dumps({

@@ -80,7 +80,7 @@ def test_one_call_trains_the_phase_variables_only(jit: bool) -> None:
     step = tf.Variable(0, dtype=tf.int64)
     before = {v.path: v.numpy().copy() for v in model.variables}
     call = train_calls(tf.distribute.get_strategy(), phase, optimizer, model.variables, step,
-                       jit=jit, guard=False)  # fmt: skip
+                       jit=jit, claims=None)  # fmt: skip
     batch = {"clean": tf.random.uniform([4, 64]), "seed": tf.constant([3, 4], tf.int64)}
     batch["noisy"] = batch["clean"]
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
@@ -89,3 +89,40 @@ def test_one_call_trains_the_phase_variables_only(jit: bool) -> None:
     assert float(loss_sum) > 0 and set(sums) == {"mse"}
     changed = {v.path for v in model.variables if not np.array_equal(before[v.path], v.numpy())}
     assert changed == {v.path for v in phase.variables}
+
+
+def test_steps_run_at_once_never_pass_the_limit_they_claim_against() -> None:
+    """Async mode's guard (``claim_step``), with four callers at once and
+    far more steps asked than the limit allows: exactly the limit's steps
+    run. Checking the global step, then adding to it once applied, let
+    concurrent workers both take the last step (121 of 120 in CI)."""
+    import threading
+
+    import keras
+
+    task = create_task(parse_args(["--model", "sdae", "--hidden", "16"]))
+    model = task.build_model()
+    phase = task.phases(model, 1000)[1]
+    optimizer = keras.optimizers.SGD(1e-3)
+    optimizer.build(list(phase.variables))
+    step = tf.Variable(0, dtype=tf.int64)
+    claims = tf.Variable(0, dtype=tf.int64)
+    call = train_calls(tf.distribute.get_strategy(), phase, optimizer, model.variables, step,
+                       jit=False, claims=claims)  # fmt: skip
+    batch = {"clean": tf.random.uniform([4, 64]), "seed": tf.constant([3, 4], tf.int64)}
+    batch["noisy"] = batch["clean"]
+
+    def run(limit: int, done: list[int]) -> None:
+        iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+        asked, limited = tf.constant(40, tf.int64), tf.constant(limit, tf.int64)
+        done.append(int(call(iterator, asked, limited)[2]))
+
+    for limit in (40, 80, 120):  # three rounds, as the chief's: claims set to the step first
+        claims.assign(step)
+        done: list[int] = []
+        threads = [threading.Thread(target=run, args=(limit, done)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert int(step.numpy()) == limit and sum(done) == 40, (limit, done)

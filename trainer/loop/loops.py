@@ -191,6 +191,7 @@ def run_async(
     iterator: object,
     monitor: Monitor,
     step_variable: tf.Variable,
+    claims: tf.Variable,
     *,
     per_call: int,
     in_flight: int,
@@ -205,8 +206,15 @@ def run_async(
     was fetched: its steps are on the ps already, only its loss is lost),
     the round is planned again from the global step. Reading the global step
     is also the health check of the ps: if that fails, training fails.
+
+    Each step claims its place from ``claims`` (``steps.claim_step``), which
+    each round sets to the global step: no closure is in flight then, and
+    places claimed by steps that never ran (their worker died) are given
+    out again.
     """
-    scheduler = _Scheduler(coordinator, iterator, monitor, step_variable, per_call, in_flight)
+    scheduler = _Scheduler(
+        coordinator, iterator, monitor, step_variable, claims, per_call, in_flight
+    )
     start = scheduler.global_step()
     for run in runs:
         scheduler.train_phase(run, start)
@@ -223,6 +231,7 @@ class _Scheduler:
         iterator: object,
         monitor: Monitor,
         step_variable: tf.Variable,
+        claims: tf.Variable,
         per_call: int,
         in_flight: int,
     ) -> None:
@@ -230,6 +239,7 @@ class _Scheduler:
         self.iterator = iterator
         self.monitor = monitor
         self.step_variable = step_variable
+        self.claims = claims
         self.per_call = per_call
         self.in_flight = in_flight
 
@@ -262,6 +272,7 @@ class _Scheduler:
         ``in_flight`` of them unfetched at a time; returns once all are in."""
         end = run.phase.end
         pending: deque[Any] = deque()
+        self.claims.assign(step)
         sizes = plan_calls(step, end, self.per_call, ())
         for k in first_step_alone(sizes) if first else sizes:
             args = (self.iterator, tf.constant(k, tf.int64), limit)

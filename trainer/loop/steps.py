@@ -163,6 +163,23 @@ def replica_step(
     return step_fn
 
 
+def claim_step(claims: tf.Variable, limit: tf.Tensor) -> tf.Tensor:
+    """Whether an async step may run: it takes the next place from
+    ``claims`` (a counter on the ps) and runs if that is within ``limit``.
+
+    Checking the global step and adding to it once the step was applied let
+    two workers both see step 119 of 120 and both run (121 steps: CI saw it
+    after a worker was lost and its closure ran again). The add here is
+    atomic (the variable's lock); the value read after it may hold other
+    workers' adds made since, so it is at least this step's own place: a
+    step that reads a value within the limit is within it, and none goes
+    past. One that read past it while its own place was within is made up
+    by the chief's next round, which sets ``claims`` back to the global step
+    once no closure is in flight (``loops.run_async``).
+    """
+    return claims.assign_add(1, read_value=True) <= limit
+
+
 def train_calls(
     strategy: tf.distribute.Strategy,
     phase: Phase,
@@ -171,14 +188,13 @@ def train_calls(
     step: tf.Variable,
     *,
     jit: bool,
-    guard: bool,
+    claims: tf.Variable | None,
 ) -> Callable[[object, tf.Tensor, tf.Tensor], CallResult]:
     """``call(iterator, k, limit)``: run up to ``k`` steps of ``phase``.
 
-    With ``guard`` (async mode) each step first checks the global step
-    against ``limit``, so closures that run late, or again after their worker
-    died, stop at the phase's end instead of overshooting it by whole calls
-    (concurrent workers can still overshoot by at most one step each).
+    With ``claims`` (async mode) each step first claims its place
+    (``claim_step``), so closures that run late, or again after their worker
+    died, stop at the phase's end instead of overshooting it.
     The loss and metrics returned are this process's replicas' own: reducing
     them across workers every step would add a collective per step.
     """
@@ -202,8 +218,10 @@ def train_calls(
     @tf.function(autograph=False)
     def call(iterator: object, k: tf.Tensor, limit: tf.Tensor) -> CallResult:
         def body(i: tf.Tensor, totals: CallResult) -> tuple[tf.Tensor, CallResult]:
-            if guard:
-                totals = tf.cond(step < limit, lambda: one_step(totals, iterator), lambda: totals)
+            if claims is not None:
+                totals = tf.cond(
+                    claim_step(claims, limit), lambda: one_step(totals, iterator), lambda: totals
+                )
             else:
                 totals = one_step(totals, iterator)
             return i + 1, totals
@@ -224,6 +242,7 @@ def overlapped_calls(
     step: tf.Variable,
     *,
     jit: bool,
+    claims: tf.Variable,
 ) -> Callable[[object, tf.Tensor, tf.Tensor], CallResult]:
     """``call(iterator, k, limit)`` for async mode with one replica per
     worker: up to ``k`` steps of ``phase``, each step's gradients computed
@@ -244,7 +263,7 @@ def overlapped_calls(
         pending = [tf.zeros_like(v) for v in phase.variables]
         has_pending = tf.constant(False)
         for _ in tf.range(k):
-            if step < limit:
+            if claim_step(claims, limit):
                 batch = next(iterator)  # type: ignore[call-overload]
                 # The previous step's update and this step's computation
                 # share no data: the update (on the ps) and the computation
@@ -282,10 +301,10 @@ class _Overlapped:
     and 0.982 against 0.986 twice): hence opt-in (``--overlap``), for
     workers on machines of their own and networks slower than loopback.
 
-    A step counts in the global step when its gradients are computed: the
-    guard against ``limit`` must see the step still being applied, or every
-    worker would overshoot the phase by one. A worker that dies mid-call
-    loses that one counted update, as a plain step's gradients die with it.
+    A step counts in the global step when its gradients are computed (its
+    update is applied with the next step's, or at the call's end). A worker
+    that dies mid-call loses that one counted update, as a plain step's
+    gradients die with it.
     """
 
     def __init__(

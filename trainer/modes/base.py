@@ -191,7 +191,7 @@ class TrainingMode:
             state.model.variables,
             state.step,
             jit=self.config.jit,
-            guard=False,
+            claims=None,
         )
 
     def loop(

@@ -80,16 +80,26 @@ class AsyncMode(TrainingMode):
 
     def calls(self, phase: Phase, optimizer: keras.optimizers.Optimizer, state: State) -> Call:
         """Overlapped with the ps's updates (``--overlap``), else step by
-        step, each step guarded against overshooting the phase's end; the
-        model's dense layers on the ps (``--dense-on-ps``)."""
+        step; each step claims its place first, so none goes past the
+        phase's end; the model's dense layers on the ps (``--dense-on-ps``)."""
         variables, jit = state.model.variables, self.config.jit
         if self.dense_on_ps:
             host_dense_layers(state.model)
+        claims = self.claims
         if self.overlapped:
-            return overlapped_calls(self.strategy, phase, optimizer, variables, state.step, jit=jit)
+            return overlapped_calls(
+                self.strategy, phase, optimizer, variables, state.step, jit=jit, claims=claims
+            )
         return train_calls(
-            self.strategy, phase, optimizer, variables, state.step, jit=jit, guard=True
+            self.strategy, phase, optimizer, variables, state.step, jit=jit, claims=claims
         )
+
+    @functools.cached_property
+    def claims(self) -> tf.Variable:
+        """The places the workers' steps take, on the ps (``claim_step``):
+        not checkpointed, set to the global step before each round."""
+        with self.strategy.scope():
+            return tf.Variable(0, dtype=tf.int64, trainable=False, name="step_claims")
 
     def loop(
         self, runs: list[PhaseRun], iterator: Any, monitor: Monitor, step: tf.Variable, start: int
@@ -100,6 +110,7 @@ class AsyncMode(TrainingMode):
             iterator,
             monitor,
             step,
+            self.claims,
             per_call=self.config.steps_per_call,
             in_flight=2 * self.workers,
         )
