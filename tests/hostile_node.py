@@ -283,8 +283,11 @@ class FakeNode:
                 stdin.close()
 
         def errors() -> None:
-            while data := os.read(stderr.fileno(), 65536):
-                channel.sendall_stderr(data)
+            # OSError: the client closed the channel (a fetch past its
+            # limit hangs up) while the command still wrote: nobody to tell.
+            with contextlib.suppress(OSError):
+                while data := os.read(stderr.fileno(), 65536):
+                    channel.sendall_stderr(data)
 
         with proc:  # closes the pipes, waits
             pumps = [threading.Thread(target=f, daemon=True) for f in (feed, errors)]
