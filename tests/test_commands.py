@@ -17,7 +17,7 @@ import pytest
 
 from infra.node import commands, facts
 from infra.transport.base import NodeLayout
-from tests.ports import free_port
+from tests.ports import free_port, free_ports
 from tests.procs import runs
 
 STAND_IN = '''
@@ -322,7 +322,8 @@ def test_the_first_death_ends_the_wait_for_the_others(node: tuple[Path, NodeLayo
     home, layout = node
     bash(home, start(layout, "ps-0", ["sleep:600"], {}))  # alive, never listens
     bash(home, start(layout, "worker-0", ["exit:4"], {}))
-    ports = {"ps-0": free_port(), "worker-0": free_port()}
+    ps, worker = free_ports(2)
+    ports = {"ps-0": ps, "worker-0": worker}
     ready = bash(home, commands.wait_ports(layout, ports, timeout=3600))  # bash(): 60 s at most
     assert facts.parse_readiness(ready.stdout) == {"ps-0": "timeout", "worker-0": "dead"}
 
@@ -335,12 +336,13 @@ def test_a_task_waited_for_reports_its_complete_lines(node: tuple[Path, NodeLayo
     bash(home, start(layout, "worker-0", ["sleep:600"], {}))
     bash(home, start(layout, "ps-0", ["exit:4"], {}))
     log = home / layout.logs / "worker-0.log"
-    ports = {"worker-0": free_port()}
+    worker, ps = free_ports(2)
+    ports = {"worker-0": worker}
     got = facts.parse_output(bash(home, commands.wait_ports(layout, ports, timeout=1)).stdout)
     assert got == {"worker-0": (1, ["hello from sleep"])}
     with log.open("a") as f:
         f.write("".join(f"line {i}\n" for i in range(30)) + "half a line")
-    polled = bash(home, commands.wait_ports(layout, {**ports, "ps-0": free_port()}, timeout=1))
+    polled = bash(home, commands.wait_ports(layout, {**ports, "ps-0": ps}, timeout=1))
     assert facts.parse_readiness(polled.stdout)["ps-0"] == "dead"
     count, lines = facts.parse_output(polled.stdout)["worker-0"]
     assert count == 31 and len(lines) == commands.OUTPUT_LINES

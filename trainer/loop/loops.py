@@ -261,11 +261,27 @@ class _Scheduler:
                 self.round(run, step, limit, first=step == start)
             except WORKER_LOST as e:
                 print(f"trainer: a worker failed, rescheduling: {_first_line(e)}", flush=True)
+            # A round can end early (a read of the ps failed in collect)
+            # with closures still running: none may be when the next round
+            # sets the claims back, or their steps would come on top.
+            self.settle()
             before, step = step, self.global_step()
             failed_rounds = 0 if step > before else failed_rounds + 1
             if failed_rounds > MAX_FAILED_ROUNDS:
                 raise TrainingFailed(f"no worker made progress in {MAX_FAILED_ROUNDS} rounds")
         self.monitor.reached(step, phase_end=True)
+
+    def settle(self) -> None:
+        """Return once no closure is in flight: ``join`` raises a closure's
+        error once (the coordinator cancels the others and waits for those
+        running first), and returns when all are done."""
+        for _ in range(MAX_FAILED_ROUNDS):
+            try:
+                self.coordinator.join()
+                return
+            except WORKER_LOST as e:
+                print(f"trainer: a worker failed: {_first_line(e)}", flush=True)
+        self.coordinator.join()
 
     def round(self, run: PhaseRun, step: int, limit: tf.Tensor, *, first: bool) -> None:
         """Closures for the steps from ``step`` to the phase's end, at most
