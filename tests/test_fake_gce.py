@@ -192,7 +192,7 @@ def test_operations_on_one_instance_run_in_the_order_they_were_accepted() -> Non
     queue = OpQueue()
     closing = threading.Event()
     order: list[int] = []
-    held = queue.ticket()
+    held = OpQueue.CREATE  # the insert's, as an instance's first operation
     tickets = [queue.ticket() for _ in range(8)]
 
     def run(ticket: int) -> None:

@@ -20,7 +20,7 @@ from tests.fake_gce.addresses import AddressPool
 from tests.fake_gce.api import API_ROOT, ApiError, Call, Handler, OpFailure, now
 from tests.fake_gce.faults import Faults
 from tests.fake_gce.instance_body import Networks, instance_resource
-from tests.fake_gce.instances import Instance, Instances
+from tests.fake_gce.instances import Instance, Instances, OpQueue
 from tests.fake_gce.operations import Operations
 from tests.fake_gce.world import World
 
@@ -60,7 +60,6 @@ class Inserts:
                 raise _exists(project, zone, resource["name"])
             fate = self._faults.capacity_fate(project, zone, "insert")
             inst = Instance(project, zone, resource["name"], resource)
-            inst.ops.ticket()  # the first: the create's, before any other call can find it
             self._instances.add(inst)
             op = self._operations.new(project, f"zones/{zone}", "insert", resource)
             answer = copy.deepcopy(op.resource)
@@ -100,7 +99,6 @@ class Inserts:
             fate = self._faults.capacity_fate(project, zone, "bulkInsert")
             insts = [Instance(project, zone, r["name"], r) for r in resources]
             for inst in insts:
-                inst.ops.ticket()  # the first: the create's, before any other call can find it
                 self._instances.add(inst)
             op = self._operations.new(
                 project, f"zones/{zone}", "bulkInsert",
@@ -156,7 +154,7 @@ class Inserts:
     def _create(self, inst: Instance, fate: Fate, on_staged: Callable[[], None]) -> None:
         """PROVISIONING -> STAGING (``on_staged``) -> RUNNING, or a stockout."""
         world = self._world
-        with inst.ops.turn(0, world.closing):  # the ticket insert took
+        with inst.ops.turn(OpQueue.CREATE, world.closing):
             if fate is not None:
                 self._fail_create(inst, fate)
             with world.lock:

@@ -28,12 +28,16 @@ class OpQueue:
     accepted them, as GCE queues them. A plain lock would not do: it wakes its
     waiters in any order, so a delete accepted second could run first (and the
     first then fail "not found"). Each operation takes a ticket when accepted
-    (on the request's thread) and waits for its turn on its own."""
+    (on the request's thread) and waits for its turn on its own. The first
+    ticket, ``CREATE``, is the insert's: no other call finds the instance
+    before it is inserted."""
+
+    CREATE = 0
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._issued = 0
-        self._serving = 0
+        self._issued = self.CREATE + 1
+        self._serving = self.CREATE
 
     def ticket(self) -> int:
         with self._cond:

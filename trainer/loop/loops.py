@@ -261,10 +261,11 @@ class _Scheduler:
                 self.round(run, step, limit, first=step == start)
             except WORKER_LOST as e:
                 print(f"trainer: a worker failed, rescheduling: {_first_line(e)}", flush=True)
-            # A round can end early (a read of the ps failed in collect)
-            # with closures still running: none may be when the next round
-            # sets the claims back, or their steps would come on top.
-            self.settle()
+                # A round that ends early (a read of the ps failed in
+                # collect) may leave closures running: none may be when the
+                # next round sets the claims back, or their steps would come
+                # on top. A round that ends normally has joined them all.
+                self.settle()
             before, step = step, self.global_step()
             failed_rounds = 0 if step > before else failed_rounds + 1
             if failed_rounds > MAX_FAILED_ROUNDS:

@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from trainer.loop.checkpoints import State
 
 
-
-
 class AsyncMode(TrainingMode):
     def __init__(
         self,
