@@ -148,10 +148,13 @@ def test_a_preempted_chief_node_is_brought_back_and_train_finishes(
     up(w, "--autostop", f"{JOB_AUTOSTOP_S}s")
     stops = len(guest_stops(w))
     dest = tmp_path / "run"
-    # Twice the shared job's steps: the preemption comes after the first
-    # checkpoint (step 40), and the 80 steps left of 120 took one `status`
-    # call on a fast machine.
-    steps = 2 * STEPS
+    # Four times the shared job's steps: the preemption comes after the
+    # first checkpoint (step 40), and the steps after it must outlast the
+    # `status` call before it. The 80 left of 120 took one `status` call on
+    # a fast machine; since the cnn computes in bfloat16 (1.7x faster), the
+    # 200 left of 240 took one under CI's load (the job was done, at 240,
+    # before the preemption).
+    steps = 4 * STEPS
     proc = w.background("train", "--steps", str(steps), "--dest", str(dest))
     wait_training(w, proc, 0)
     # The nodes' watchers see the job: no idle clock runs under it. (That a
